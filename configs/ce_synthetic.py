@@ -13,11 +13,11 @@ with Noisy Labels", 2024, Eq. 1-2; Hu et al., "Learning Cross-Modal Retrieval wi
 Labels" (MRL), CVPR 2021.
 """
 
-from ncljax.train.config import base_config
+from ncljax.train import config as config_lib
 
 
 def get_config(arg: str = ""):
-    config = base_config()
+    config = config_lib.base_config()
     config.method = "ce"
     config.method_kwargs.num_networks = 1
     config.data.captions_per_image = 1
@@ -27,20 +27,10 @@ def get_config(arg: str = ""):
     config.data.num_test = 2000
     config.noise.kind = "symmetric"
     config.noise.rate = 0.4
-    config.model.image_input = "global"
-    config.model.text_input = "global"
-    config.model.image_hidden = (512, 512)
-    config.model.text_hidden = (512, 512)
-    config.model.embed_dim = 128
-    config.model.classifier = True
-    config.model.temperature = 1.0
+    config_lib.use_mrl(config, hidden=(512, 512), out_dim=128)
     config.optim.learning_rate = 1e-3  # MRL uses 1e-4 on 4096-d features; ours are 64-d
-    config.optim.b1 = 0.5  # MRL's Adam betas (0.5, 0.999)
-    config.optim.schedule = "cosine"
-    config.optim.grad_clip = 0.0
     config.train.epochs = 20
     config.train.batch_size = 100
-    config.eval.kind = "map"
     config.eval.batch_size = 200
     if arg == "quick":
         config.data.num_train = 1000

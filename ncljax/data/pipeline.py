@@ -218,6 +218,8 @@ class TrainingPairs(NamedTuple):
       labels_text: observed caption label of each pair, int64 ``[N]``.
       clean: bool ``[N]``: pair ``k`` is truly matched and correctly labelled
         (diagnostics only; no method may read it).
+      true_labels: the true class of each pair's caption, int64 ``[N]`` (``-1`` when the
+        dataset has no labels; diagnostics only).
       checksum: sha256 of the noise, logged with the run's config.
       realised_rate: fraction of noisy pairs (or labels).
     """
@@ -227,6 +229,7 @@ class TrainingPairs(NamedTuple):
     labels_image: np.ndarray
     labels_text: np.ndarray
     clean: np.ndarray
+    true_labels: np.ndarray
     checksum: str
     realised_rate: float
 
@@ -315,6 +318,7 @@ def training_pairs(
         labels_image=np.asarray(labels_image, np.int64),
         labels_text=np.asarray(labels_text, np.int64),
         clean=np.asarray(clean, bool),
+        true_labels=np.asarray(true_labels[np.arange(n) // cpi], np.int64),
         checksum=noise.noise_checksum(made),
         realised_rate=noise.realised_rate(made),
     )

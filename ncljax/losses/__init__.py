@@ -7,10 +7,20 @@ from ncljax.losses.classification import (
 )
 from ncljax.losses.contrastive import info_nce, symmetric_info_nce
 from ncljax.losses.ranking import hinge_costs, triplet_hardest, triplet_sum
+from ncljax.losses.structure import (
+    gsc_cross_modal_loss,
+    gsc_intra_modal_loss,
+    gsc_loss,
+    mask_structures,
+)
 
 __all__ = [
+    "gsc_cross_modal_loss",
+    "gsc_intra_modal_loss",
+    "gsc_loss",
     "hinge_costs",
     "info_nce",
+    "mask_structures",
     "prototype_cross_entropy",
     "prototype_logits",
     "soft_cross_entropy",

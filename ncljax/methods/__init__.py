@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 
-from ncljax.methods import baselines
+from ncljax.methods import baselines, gsc, uot_rcl
 from ncljax.methods.base import (
     EpochPlan,
     InitContext,
@@ -19,6 +19,8 @@ REGISTRY: dict[str, Callable[..., Method]] = {
     "vse": baselines.vse,
     "infonce": baselines.infonce,
     "ce": baselines.ce,
+    "uot_rcl": uot_rcl.uot_rcl,
+    "gsc": gsc.gsc,
 }
 
 

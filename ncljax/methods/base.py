@@ -3,9 +3,9 @@
 A method never touches parameters, optimisers, data loading or devices; the trainer
 (``ncljax.train``) composes its functions into one jitted ``train_step``:
 
-1. ``forward_fn(model, batch, memory_state, *, train, rngs) -> outputs`` runs the model
-   (default: ``model(batch)``), so a method can ask for extra forward passes (e.g. the
-   confident-set embeddings of UOT-RCL, the intra-modal similarities of GSC).
+1. ``forward_fn(model, batch, memory_state, *, train, rngs, phase) -> outputs`` runs the
+   model (default: ``model(batch)``), so a method can ask for extra forward passes (e.g.
+   the confident-set embeddings of UOT-RCL, the intra-modal similarities of GSC).
 2. ``loss_fn(outputs, batch, rows, peer_rows, ctx) -> (per_example_loss [B], aux)``:
    ``rows`` are this network's per-sample memory rows gathered at ``batch['index']``,
    ``peer_rows`` those of the other network (dual networks exchange labels by reading
@@ -55,12 +55,14 @@ class InitContext(NamedTuple):
       info: the dataset's ``DatasetInfo``.
       labels_image: observed (possibly noisy) image label of each pair, int64 ``[N]``.
       labels_text: observed caption label of each pair, int64 ``[N]``.
+      embed_dim: the model's joint embedding size.
     """
 
     num_samples: int
     info: Any
     labels_image: Any
     labels_text: Any
+    embed_dim: int = 0
 
 
 class LossContext(NamedTuple):
@@ -109,8 +111,8 @@ class EpochPlan(NamedTuple):
     refresh: bool = False
 
 
-def default_forward(model, batch, memory_state, *, train, rngs):
-    del memory_state
+def default_forward(model, batch, memory_state, *, train, rngs, phase):
+    del memory_state, phase
     return model(batch, train=train, rngs=rngs)
 
 
@@ -125,12 +127,19 @@ class Method(NamedTuple):
       name: registry name.
       init_memory: ``(InitContext) -> Memory`` for one network.
       loss_fn: ``(outputs, batch, rows, peer_rows, ctx) -> (loss [B], aux)``.
-      forward_fn: ``(model, batch, memory_state, *, train, rngs) -> outputs``.
+      forward_fn: ``(model, batch, memory_state, *, train, rngs, phase) -> outputs``.
       refresh_fn: per-epoch estimation, or ``None``.
       stats_fn: per-example statistics for ``refresh_fn``, or ``None``.
       plan_fn: ``epoch -> EpochPlan``.
       clean_score_fn: ``memory -> [N]`` the method's estimate that each pair is clean, for
         noise-detection diagnostics; ``None`` when the method has none.
+      label_estimate_fn: ``memory -> (labels [N] int, selected [N] bool)``: the method's
+        corrected class label of each pair and which pairs it currently trusts, scored
+        against the true labels for the logs only; ``None`` when the method has none.
+      diagnostic_scores_fn: ``memory -> {name: [N]}`` further per-pair scores (higher means
+        cleaner, e.g. GSC's cross-modal, intra-modal and final labels), each scored against
+        the true mask and histogrammed for clean and noisy pairs after every epoch (logs
+        and ``workdir/diagnostics/`` only); ``None`` when the method has none.
       eval_transform: applied to each network's similarities before they are averaged at
         evaluation (e.g. a sigmoid for logit heads).
       num_networks: 1, or 2 for dual-network methods.
@@ -144,6 +153,8 @@ class Method(NamedTuple):
     stats_fn: Callable[..., dict] | None = None
     plan_fn: Callable[[int], EpochPlan] = lambda epoch: EpochPlan()
     clean_score_fn: Callable[[Memory], Array] | None = None
+    label_estimate_fn: Callable[[Memory], tuple[Array, Array]] | None = None
+    diagnostic_scores_fn: Callable[[Memory], dict[str, Array]] | None = None
     eval_transform: Callable[[Array], Array] = _identity
     num_networks: int = 1
 

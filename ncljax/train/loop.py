@@ -28,6 +28,7 @@ from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
+from ncljax.train.diagnostics import score_diagnostics
 
 Callback = Callable[[int, dict], None]
 
@@ -164,7 +165,7 @@ def train_and_evaluate(
     n = pairs.num_records
     steps_per_epoch = pipeline.num_batches(n, batch_size)
     tx = optim.make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
-    init = InitContext(n, info, pairs.labels_image, pairs.labels_text)
+    init = InitContext(n, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim)
     graphdef, state = state_lib.create(
         model_fn=lambda rngs: models.build_model(config.model, info, rngs),
         tx=tx,
@@ -235,6 +236,8 @@ def train_and_evaluate(
             _check_finite(state, steps_per_epoch, checkpointer)
             val = evaluator(state, "val")
             val.update(_noise_diagnostics(method, state, pairs.clean))
+            val.update(score_diagnostics(method, state, pairs.clean, workdir, epoch))
+            val.update(_label_diagnostics(method, state, pairs))
             writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
             tqdm.tqdm.write(f"epoch {epoch}: val " + _summary(val, config.eval.kind))
             if val[selection] > meta["best_value"]:
@@ -254,6 +257,7 @@ def train_and_evaluate(
         test = evaluator(best_state, "test")
     test["best_epoch"] = best_meta["best_epoch"]
     test[f"val_{selection}"] = best_meta["best_value"]
+    test.update(_noise_diagnostics(method, state, pairs.clean))  # the final labels
     writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "results.json"), "w") as f:
@@ -322,6 +326,21 @@ def _train_epoch(run: _Run, state, epoch: int, phase: int, meta: dict):
     return state
 
 
+def _label_diagnostics(method, state, pairs) -> dict[str, float]:
+    """Accuracy of the method's corrected labels on the pairs it trusts (true labels known)."""
+    true = pairs.true_labels
+    if method.label_estimate_fn is None or (true < 0).any():
+        return {}
+    labels, selected = method.label_estimate_fn(state_lib.network(state.memory, 0))
+    labels, selected = np.asarray(labels), np.asarray(selected, bool)
+    observed = np.concatenate([pairs.labels_image == true, pairs.labels_text == true])
+    return {
+        "corrected_accuracy": float((labels == true)[selected].mean()) if selected.any() else 0.0,
+        "selected_fraction": float(selected.mean()),
+        "observed_accuracy": float(observed.mean()),
+    }
+
+
 def _noise_diagnostics(method, state, clean: np.ndarray) -> dict[str, float]:
     """Noise-detection quality of the method's clean estimate (mean over networks)."""
     if method.clean_score_fn is None or clean.all():
@@ -356,7 +375,9 @@ class _Refresher:
         if method.stats_fn is not None:
 
             def stats(model, batch, memory_state):
-                outputs = method.forward_fn(model, batch, memory_state, train=False, rngs=None)
+                outputs = method.forward_fn(
+                    model, batch, memory_state, train=False, rngs=None, phase=-1
+                )
                 return method.stats_fn(outputs, batch)
 
             self._stats = jax.jit(step_lib.make_forward(graphdef, stats))

@@ -93,7 +93,12 @@ def make_train_step(
         model = nnx.merge(graphdef, params, model_state)
         dropout_key, loss_key = jax.random.split(key)
         outputs = method.forward_fn(
-            model, batch, memory_state, train=True, rngs=nnx.Rngs(dropout=dropout_key)
+            model,
+            batch,
+            memory_state,
+            train=True,
+            rngs=nnx.Rngs(dropout=dropout_key),
+            phase=ctx.phase,
         )
         ctx = ctx._replace(network=network, rng=loss_key)
         per_example, aux = method.loss_fn(outputs, batch, rows, peer_rows, ctx)

@@ -69,7 +69,7 @@ def test_quickstart_quick_learns(tmp_path):
     assert saved["noise_realised_rate"] == pytest.approx(0.4)
     rows = read_metrics(tmp_path)
     splits = {r["split"] for r in rows}
-    assert splits == {"train", "val", "test"}
+    assert splits == {"train", "refresh", "val", "test"}  # refresh: GSC's per-epoch labels
     val = [r for r in rows if r["split"] == "val"]
     assert [r["epoch"] for r in val] == list(range(config.train.epochs))
     assert all({"step", "epoch", "rsum", "i2t_r1", "t2i_r1"} <= r.keys() for r in val)
@@ -104,7 +104,10 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path):
 
 def test_dual_network_baseline_trains(tmp_path):
     config = load_config("quickstart", "quick")
-    config.method_kwargs.num_networks = 2
+    config.method = "vse"  # the quickstart trains GSC; this is the VSE++ baseline's dual path
+    config.method_kwargs = ml_collections.ConfigDict(
+        {"margin": 0.2, "negatives": "hardest", "num_networks": 2}
+    )
     config.train.epochs = 3
     config.train.progress_bar = False
     dual = train_and_evaluate(config, str(tmp_path / "dual"))

@@ -1,0 +1,436 @@
+"""The UOT-RCL method bundle: loss against a numpy oracle of Eqs. 15-19, gradients, the
+per-epoch refresh, 1 device against 8, and end-to-end label correction on synthetic data."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ncljax import methods, models
+from ncljax.data import pipeline, synthetic
+from ncljax.labels import correction
+from ncljax.methods import base
+from ncljax.train import config as config_lib
+from ncljax.train import mesh as mesh_lib
+from ncljax.train import state as state_lib
+from ncljax.train import step as step_lib
+from ncljax.train import train_and_evaluate
+
+WARMUP, MAIN = 0, 1
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CONFIGS = os.path.join(ROOT, "configs")
+
+
+def load_config(name, arg=""):
+    spec = importlib.util.spec_from_file_location(
+        f"_cfg_{name}", os.path.join(CONFIGS, f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def _ctx(phase, n=50):
+    zero = jnp.zeros((), jnp.int32)
+    return base.LossContext(zero, zero, phase, n, zero, jax.random.key(0))
+
+
+# ----------------------------------------------------------------------------- numpy oracle
+
+
+def np_log_softmax(x, axis=-1):
+    x = x - x.max(axis, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis, keepdims=True))
+
+
+def np_unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def np_jsd(p, q):
+    m = 0.5 * (p + q)
+
+    def kl(a, b):
+        return sum(a[k] * np.log(a[k] / b[k]) for k in range(a.size) if a[k] > 0)
+
+    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+
+
+def np_sinkhorn(cost, eps, iters=20000):
+    """Balanced entropic OT with uniform marginals, log-domain, float64, to convergence."""
+    n = cost.shape[0]
+    log_a = np.full(n, -np.log(n))
+    f, g = np.zeros(n), np.zeros(n)
+    for _ in range(iters):
+        f = -eps * np.logaddexp.reduce((g[None, :] - cost) / eps + log_a[None, :], axis=1)
+        g = -eps * np.logaddexp.reduce((f[:, None] - cost) / eps + log_a[:, None], axis=0)
+    return np.exp((f[:, None] + g[None, :] - cost) / eps + log_a[:, None] + log_a[None, :])
+
+
+def np_uot_loss(logit_v, logit_t, q, z_v, z_t, g_v, g_t, g_mask, *, lam, eps, tau2, tau3):
+    """Eq. 19 after warm-up, written out per example from the paper's equations."""
+    b = z_v.shape[0]
+    plc = -(q * (np_log_softmax(logit_v) + np_log_softmax(logit_t))).sum(1)  # Eq. 15
+
+    def relation(z, g):  # Eq. 16 (sigma = +1), masked anchors excluded
+        cos = np_unit(z) @ np_unit(g).T / tau2
+        w = np.where(g_mask[None, :], np.exp(cos), 0.0)
+        return w / w.sum(1, keepdims=True)
+
+    r_v, r_t = relation(z_v, g_v), relation(z_t, g_t)
+    cost = np.array([[np_jsd(r_v[i], r_t[j]) for j in range(b)] for i in range(b)])  # Eq. 17
+    m = np_sinkhorn(cost / cost.max(), eps)
+    m_v2t = m / m.sum(1, keepdims=True)
+    m_t2v = m.T / m.T.sum(1, keepdims=True)
+    logits = z_v @ z_t.T / tau3
+    bhg = -(m_v2t * np_log_softmax(logits, 1)).sum(1) - (m_t2v * np_log_softmax(logits.T, 1)).sum(1)
+    return plc + lam * bhg, plc, bhg
+
+
+def _loss_inputs(seed, b=6, k=3, g=6, d=4):
+    rng = np.random.default_rng(seed)
+    z_v = np_unit(rng.normal(size=(b, d)))
+    z_t = np_unit(rng.normal(size=(b, d)))
+    anchors_v = np_unit(rng.normal(size=(g, d)))
+    anchors_t = np_unit(rng.normal(size=(g, d)))
+    g_mask = np.array([True] * (g - 1) + [False])
+    q = rng.dirichlet(np.ones(k), size=b) * rng.uniform(0, 1, size=(b, 1))  # rows sum <= 1
+    logit_v, logit_t = rng.normal(size=(b, k)), rng.normal(size=(b, k))
+    return logit_v, logit_t, q, z_v, z_t, anchors_v, anchors_t, g_mask
+
+
+def _outputs(logit_v, logit_t, z_v, z_t, g_v, g_t, g_mask):
+    f = lambda x: jnp.asarray(x, jnp.float32)
+    return {
+        "image_logits": f(logit_v),
+        "text_logits": f(logit_t),
+        "image": {"emb": f(z_v)},
+        "text": {"emb": f(z_t)},
+        "anchor_z_image": f(g_v),
+        "anchor_z_text": f(g_t),
+        "anchor_mask": jnp.asarray(g_mask),
+    }
+
+
+@pytest.mark.parametrize("lam,tau2,tau3", [(0.4, 1.0, 1.0), (1.0, 0.2, 0.5)])
+def test_loss_matches_numpy_oracle(lam, tau2, tau3):
+    logit_v, logit_t, q, z_v, z_t, g_v, g_t, g_mask = _loss_inputs(0)
+    method = methods.build_method(
+        "uot_rcl",
+        {
+            "relation_weight": lam,
+            "relation_temperature": tau2,
+            "match_temperature": tau3,
+            "relation_threshold": 1e-6,
+            "relation_max_iterations": 20000,
+        },
+    )
+    outputs = _outputs(logit_v, logit_t, z_v, z_t, g_v, g_t, g_mask)
+    batch = {"mask": jnp.ones(6, bool)}
+    rows = {"labels": jnp.asarray(q, jnp.float32)}
+    loss_fn = jax.jit(lambda o, b, r: method.loss_fn(o, b, r, {}, _ctx(MAIN)))
+    loss, aux = loss_fn(outputs, batch, rows)
+    want, plc, bhg = np_uot_loss(
+        logit_v, logit_t, q, z_v, z_t, g_v, g_t, g_mask, lam=lam, eps=0.1, tau2=tau2, tau3=tau3
+    )
+    np.testing.assert_allclose(aux["metrics"]["loss_plc"], plc, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aux["metrics"]["loss_bhg"], bhg, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-5)
+    assert float(aux["metrics"]["relation_converged"].min()) == 1.0
+
+
+def test_padded_pairs_do_not_change_real_losses():
+    logit_v, logit_t, q, z_v, z_t, g_v, g_t, g_mask = _loss_inputs(1)
+    method = methods.build_method("uot_rcl")
+    full = _outputs(logit_v, logit_t, z_v, z_t, g_v, g_t, g_mask)
+    loss, _ = method.loss_fn(
+        full, {"mask": jnp.ones(6, bool)}, {"labels": jnp.asarray(q)}, {}, _ctx(MAIN)
+    )
+    # Two garbage pairs appended as padding.
+    pad = lambda x: np.concatenate([x, 7 * np.ones((2, *x.shape[1:]))])
+    padded = _outputs(pad(logit_v), pad(logit_t), pad(z_v), pad(z_t), g_v, g_t, g_mask)
+    mask = jnp.asarray([True] * 6 + [False] * 2)
+    loss_p, _ = method.loss_fn(
+        padded, {"mask": mask}, {"labels": jnp.asarray(pad(q))}, {}, _ctx(MAIN)
+    )
+    np.testing.assert_allclose(loss_p[:6], loss, rtol=1e-5, atol=1e-6)
+
+
+def test_warmup_phase_is_cross_entropy_on_observed_labels():
+    logit_v, logit_t, q, z_v, z_t, g_v, g_t, g_mask = _loss_inputs(2)
+    outputs = _outputs(logit_v, logit_t, z_v, z_t, g_v, g_t, g_mask)
+    labels_v, labels_t = np.array([0, 1, 2, 0, 1, 2]), np.array([2, 2, 0, 0, 1, 1])
+    batch = {
+        "mask": jnp.ones(6, bool),
+        "label_image": jnp.asarray(labels_v),
+        "label_text": jnp.asarray(labels_t),
+    }
+    loss, _ = methods.build_method("uot_rcl").loss_fn(
+        outputs, batch, {"labels": jnp.asarray(q)}, {}, _ctx(WARMUP)
+    )
+    want = (
+        -np_log_softmax(logit_v)[np.arange(6), labels_v]
+        - np_log_softmax(logit_t)[np.arange(6), labels_t]
+    )
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------ model and gradients
+
+
+@pytest.fixture(scope="module")
+def labelled():
+    cfg = synthetic.default_config()
+    cfg.num_train, cfg.num_val, cfg.num_test, cfg.captions_per_image = 40, 4, 4, 1
+    ds = synthetic.SyntheticDataset(cfg)
+    pairs = pipeline.training_pairs(
+        ds.split("train"),
+        config_lib.base_config().noise,
+        num_classes=ds.info.num_classes,
+        image_fields=("global_image",),
+        text_fields=("global_text",),
+    )
+    batches = list(pipeline.batches(pairs.record_fn, 40, batch_size=32, seed=0))
+    return ds.info, pairs, batches
+
+
+def _model_cfg():
+    config = config_lib.base_config()
+    config_lib.use_mrl(config, hidden=(16,), out_dim=8)
+    return config.model
+
+
+def _main_memory(method, info, pairs, key):
+    """The method's memory after a refresh on random statistics (labels, anchors set)."""
+    n, k = pairs.num_records, info.num_classes
+    ctx = base.InitContext(n, info, pairs.labels_image, pairs.labels_text, 8)
+    memory = method.init_memory(ctx)
+    k1, k2, k3 = jax.random.split(key, 3)
+    stats = {
+        "z_image": jax.random.normal(k1, (n, 8)),
+        "z_text": jax.random.normal(k2, (n, 8)),
+        "logits_image": jax.random.normal(k3, (n, k)),
+        "logits_text": jax.random.normal(k3, (n, k)) + 0.5,
+    }
+    records = [pairs.record_fn(i) for i in range(n)]
+
+    def fetch(index):
+        index = np.asarray(index)
+        return {f: jnp.asarray(np.stack([records[i][f] for i in index])) for f in records[0]}
+
+    refresh = base.RefreshContext(2, 10, 0, jax.random.key(1), fetch)
+    memory, diagnostics = method.refresh_fn(memory, stats, refresh)
+    return memory, diagnostics, stats
+
+
+def test_refresh_fills_targets_labels_anchors_and_diagnostics(labelled):
+    info, pairs, _ = labelled
+    method = methods.build_method("uot_rcl", {"neighbours": 5, "per_class": 2})
+    memory, diag, stats = _main_memory(method, info, pairs, jax.random.key(0))
+    n, k = pairs.num_records, info.num_classes
+    samples, state = memory.samples, memory.state
+    # Targets: one momentum step from the observed one-hot labels (Eq. 9).
+    observed = np.eye(k)[pairs.labels_image]
+    t = np.asarray(samples["targets_image"])
+    np.testing.assert_allclose(t.sum(1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(np.maximum(t - 0.99 * observed, 0).sum(1), 0.01, atol=1e-6)
+    # Labels: N * plan of a partial OT of mass s_2 = 0.2 (first post-warm-up epoch).
+    q = np.asarray(samples["labels"])
+    assert q.shape == (n, k) and q.min() >= 0 and q.sum(1).max() <= 1 + 1e-4
+    assert q.sum() / n == pytest.approx(0.2, abs=1e-3)
+    assert diag["mass"] == pytest.approx(0.2) and diag["ot_converged"] == 1.0
+    assert diag["transported_mass"] == pytest.approx(0.2, abs=1e-3)
+    # Anchors are the raw features of the confident pairs, fetched by index.
+    confident = correction.confident_set(
+        jax.nn.softmax(stats["logits_image"]), jax.nn.softmax(stats["logits_text"]), per_class=2
+    )
+    index = np.asarray(confident.index)
+    want = np.stack([pairs.record_fn(i)["global_image"] for i in index])
+    np.testing.assert_allclose(state["anchors_image"], want)
+    assert state["anchor_mask"].shape == (2 * k,)
+    assert diag["confident_pairs"] == float(np.asarray(state["anchor_mask"]).sum())
+    # Selection read-out for the diagnostics: argmax of Q where the row mass exceeds 1/2.
+    labels, selected = method.label_estimate_fn(memory)
+    np.testing.assert_array_equal(labels, q.argmax(1))
+    np.testing.assert_array_equal(selected, q.sum(1) > 0.5)
+
+
+def test_refresh_during_warmup_changes_nothing(labelled):
+    info, pairs, _ = labelled
+    method = methods.build_method("uot_rcl")
+    ctx = base.InitContext(pairs.num_records, info, pairs.labels_image, pairs.labels_text, 8)
+    memory = method.init_memory(ctx)
+    out, diag = method.refresh_fn(memory, {}, base.RefreshContext(1, 10, 0, None, None))
+    assert out is memory and diag == {}
+    assert [method.plan_fn(e).phase for e in range(4)] == [WARMUP, WARMUP, MAIN, MAIN]
+
+
+def _train_setup(info, method, memory, *, num_devices, n=40):
+    mesh = mesh_lib.make_mesh(num_devices)
+    tx = optax.sgd(0.5)
+    graphdef, state = state_lib.create(
+        model_fn=lambda rngs: models.build_model(_model_cfg(), info, rngs),
+        tx=tx,
+        memory=memory,
+        num_networks=1,
+        seed=0,
+    )
+    state = jax.device_put(state, mesh_lib.replicated(mesh))
+    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=n, steps_per_epoch=2)
+    return mesh, state, jax.jit(fn, static_argnums=2)
+
+
+@pytest.mark.parametrize("anchors", ["current", "snapshot"])
+def test_train_step_one_device_equals_eight(labelled, devices, anchors):
+    info, pairs, batches = labelled
+    method = methods.build_method("uot_rcl", {"neighbours": 5, "per_class": 2, "anchors": anchors})
+    memory = _main_memory(method, info, pairs, jax.random.key(3))[0]
+    results = []
+    for num_devices in (1, 8):
+        mesh, state, train_step = _train_setup(info, method, memory, num_devices=num_devices)
+        start = jax.device_get(state.params)
+        with jax.set_mesh(mesh):
+            for batch in batches:
+                state, metrics = train_step(
+                    state, pipeline.to_device(batch, mesh_lib.batch_sharding(mesh)), MAIN
+                )
+        results.append((jax.device_get(state.params), jax.device_get(metrics)))
+    (one, m1), (eight, m8) = results
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+    for key in ("loss", "loss_plc", "loss_bhg"):
+        np.testing.assert_allclose(m1[key], m8[key], rtol=2e-5, atol=2e-6)
+    moved = max(
+        float(np.abs(a - b).max())
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(start), strict=True)
+    )
+    assert moved > 1e-4 and np.isfinite(m1["loss"][0])
+
+
+def test_value_and_grad_is_finite_and_stops_at_targets_and_anchors(labelled):
+    info, pairs, batches = labelled
+    method = methods.build_method("uot_rcl", {"neighbours": 5, "per_class": 2})
+    memory = _main_memory(method, info, pairs, jax.random.key(4))[0]
+    from flax import nnx
+
+    model = models.build_model(_model_cfg(), info, nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    batch = {k: jnp.asarray(v) for k, v in batches[1].items()}  # the padded batch
+    index = jnp.asarray(batch["index"])
+
+    def loss(params, labels, anchors_image):
+        m = nnx.merge(graphdef, params, rest)
+        state = dict(memory.state, anchors_image=anchors_image)
+        outputs = method.forward_fn(m, batch, state, train=True, rngs=None, phase=MAIN)
+        rows = {"labels": labels[index]}
+        per_example, _ = method.loss_fn(outputs, batch, rows, {}, _ctx(MAIN, 40))
+        return jnp.sum(jnp.where(batch["mask"], per_example, 0.0))
+
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(
+        params, memory.samples["labels"], memory.state["anchors_image"]
+    )
+    assert np.isfinite(value) and value > 0
+    leaves = jax.tree.leaves(grads[0])
+    assert all(np.isfinite(x).all() for x in leaves) and max(np.abs(x).max() for x in leaves) > 0
+    # Targets and the confident set are data: the loss is linear in Q, but nothing flows
+    # back into the estimation step's arrays through the anchors (stop_gradient).
+    np.testing.assert_array_equal(grads[2], 0.0)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _read(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """``uot_synthetic:quick`` trained once, in the layout of the notebook's noise sweep."""
+    sweep = tmp_path_factory.mktemp("sweep")
+    workdir = sweep / "uot_synthetic_0.4"
+    config = load_config("uot_synthetic", "quick")
+    config.train.progress_bar = False
+    config.train.num_devices = 4  # batch 100 splits over 4 of the 8 test devices
+    return train_and_evaluate(config, str(workdir)), workdir
+
+
+def test_quick_run_corrects_labels_and_logs_diagnostics(quick_run):
+    results, workdir = quick_run
+    rows = _read(str(workdir))
+    refresh = [r for r in rows if r.get("split") == "refresh"]
+    assert [r["epoch"] for r in refresh] == [2, 3]
+    for r in refresh:
+        assert r["ot_converged"] == 1.0
+        assert r["transported_mass"] == pytest.approx(r["mass"], abs=2e-3)
+    assert refresh[0]["mass"] == pytest.approx(0.2) and refresh[-1]["mass"] == pytest.approx(0.8)
+    val = [r for r in rows if r.get("split") == "val"]
+    assert val[-1]["selected_fraction"] == pytest.approx(0.8, abs=0.05)
+    # After two warm-up epochs of 10 steps the first 20% transported are far cleaner than
+    # the observed labels (the full-size claim is the slow test below).
+    first = val[2]
+    assert first["selected_fraction"] == pytest.approx(0.2, abs=0.03)
+    assert first["corrected_accuracy"] > first["observed_accuracy"] + 0.1, first
+    assert results["map_avg"] > 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate,margin,corrected_margin", [(0.4, 0.01, 0.02), (0.6, 0.04, 0.1)])
+def test_uot_rcl_beats_ce_under_symmetric_label_noise(tmp_path, rate, margin, corrected_margin):
+    """Both trained the same way (same data, backbone, schedule, best-on-validation)."""
+    scores = {}
+    for name in ("uot_synthetic", "ce_synthetic"):
+        config = load_config(name)
+        config.noise.rate = rate
+        config.data.num_train, config.train.epochs = 3000, 12
+        if name == "uot_synthetic":
+            config.method_kwargs.neighbours = 15
+        config.train.progress_bar = False
+        config.train.num_devices = 4
+        workdir = str(tmp_path / name)
+        scores[name] = train_and_evaluate(config, workdir)
+        if name == "uot_synthetic":
+            last = [r for r in _read(workdir) if r.get("split") == "val"][-1]
+            assert last["corrected_accuracy"] > last["observed_accuracy"] + corrected_margin, last
+    uot, ce = scores["uot_synthetic"], scores["ce_synthetic"]
+    for key in ("map_i2t", "map_t2i"):
+        assert uot[key] > ce[key] + margin, (key, uot[key], ce[key])
+
+
+def test_notebook_runs_on_the_quick_run(quick_run):
+    """``notebooks/uot_rcl_label_correction.py`` top to bottom: figures and tables."""
+    _, workdir = quick_run
+    sweep = workdir.parent
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = ""  # one CPU device for the notebook's own (CE) run
+    env.update(
+        NCLJAX_WORKDIR=str(workdir),
+        NCLJAX_SWEEP_DIR=str(sweep),  # the UOT-RCL point at 0.4 is the quick run itself
+        NCLJAX_SWEEP_ARG="quick",
+        NCLJAX_NOISE_RATES="0.4",
+        MPLBACKEND="Agg",
+    )
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "notebooks", "uot_rcl_label_correction.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("label_correction.png", "map_vs_noise.png"):
+        assert (workdir / "figures" / name).stat().st_size > 10_000
+    assert (sweep / "ce_synthetic_0.4" / "results.json").exists()
+    lines = out.stdout.splitlines()
+    assert any(line.strip().startswith("0.4 |") for line in lines), out.stdout
+    epoch_rows = [line.split() for line in lines if line.split()[:1] == ["3"]]
+    assert epoch_rows and float(epoch_rows[0][3]) > 0  # corrected accuracy at epoch 3
