@@ -1,0 +1,74 @@
+"""The shipped real-benchmark configs of GSC and UOT-RCL train on files in the released
+layouts (tiny fixtures written by the data tests' helpers), model sizes shrunk."""
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+from ncljax.train import train_and_evaluate
+from tests.data.test_labelled import write_mrl
+from tests.data.test_precomp import write_release
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def load_config(name, arg=""):
+    path = os.path.join(ROOT, "configs", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_cfg_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def _small_run(config, tmp_path, *, batch):
+    config.data.manual_dir = str(tmp_path / "manual")
+    config.data.data_dir = str(tmp_path / "prepared")
+    config.train.batch_size = config.eval.batch_size = batch
+    config.train.epochs = 1
+    config.train.num_devices = 1
+    config.train.progress_bar = False
+    return train_and_evaluate(config, str(tmp_path / "run"))
+
+
+SLOW = pytest.mark.slow  # 35-50 s each on 2 cores (SGR compiles); one stays in the default run
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["gsc_f30k", pytest.param("gsc_coco", marks=SLOW), pytest.param("gsc_cc152k", marks=SLOW)],
+)
+def test_gsc_configs_train_on_precomp_files(tmp_path, name):
+    write_release(str(tmp_path / "manual"), name.split("_")[1])
+    config = load_config(name, "quick")
+    config.data.val_images = 0  # the fixture's dev split is smaller than NCR's 1000 images
+    config.eval.coco_5fold = False  # its 3 test images hold no 1K fold
+    m = config.model
+    m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
+    if name == "gsc_cc152k":
+        config.method_kwargs.warmup_epochs = 0  # one epoch: reach the GSC phase at once
+    results = _small_run(config, tmp_path, batch=4)
+    assert config.method == "gsc" and config.model.head == "sgr"
+    assert all(math.isfinite(results[k]) for k in ("i2t_r1", "t2i_r1", "rsum"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "uot_xmedianet",
+        pytest.param("uot_wiki", marks=SLOW),
+        pytest.param("uot_nuswide", marks=SLOW),
+    ],
+)
+def test_uot_configs_train_on_mrl_files(tmp_path, name):
+    write_mrl(tmp_path, name.split("_")[1], sizes=(("train", 48), ("test", 24)), d_img=12, d_txt=8)
+    config = load_config(name)
+    config.data.valid_len = 12
+    config.model.image_hidden = config.model.text_hidden = (16,)
+    config.model.embed_dim = 8
+    config.method_kwargs.warmup_epochs = 0  # one epoch: refresh, partial OT and L_BHG at once
+    config.method_kwargs.neighbours = 5
+    results = _small_run(config, tmp_path, batch=12)
+    assert config.method == "uot_rcl"
+    assert 0 < results["map_i2t"] <= 1 and 0 < results["map_t2i"] <= 1
