@@ -81,6 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.image_chunk = 1000
     c.eval.text_chunk = 5000
     c.eval.coco_5fold = False  # test metrics averaged over 5 folds of 1K images
+    c.eval.test_last_epoch = False  # also test the final parameters (results as last_*)
     return c
 
 
@@ -144,7 +145,8 @@ def use_sgraf(config, head: str = "sgr") -> ml_collections.ConfigDict:
 def use_mrl(config, *, hidden=(4096, 4096), out_dim: int = 512) -> ml_collections.ConfigDict:
     """The MRL/UOT-RCL backbone: two MLPs ``d -> 4096 -> 4096 -> 512`` over global features,
     unit class prototypes (temperature 1), Adam 1e-4 with betas (0.5, 0.999), cosine
-    annealing, no clipping, mAP@all evaluation."""
+    annealing, no clipping, mAP@all evaluation (test mAP of the best-validation and of the
+    last epoch)."""
     m = config.model
     m.head, m.image_input, m.text_input = "cosine", "global", "global"
     m.image_hidden, m.text_hidden, m.embed_dim = tuple(hidden), tuple(hidden), out_dim
@@ -152,6 +154,7 @@ def use_mrl(config, *, hidden=(4096, 4096), out_dim: int = 512) -> ml_collection
     o = config.optim
     o.learning_rate, o.b1, o.schedule, o.grad_clip = 1e-4, 0.5, "cosine", 0.0
     config.eval.kind = "map"
+    config.eval.test_last_epoch = True  # UOT-RCL reports best-validation and last-epoch test mAP
     return config
 
 

@@ -255,6 +255,9 @@ def train_and_evaluate(
             )
         best_state, best_meta = best
         test = evaluator(best_state, "test")
+        if config.eval.test_last_epoch:  # also the final parameters (MRL/UOT-RCL protocol)
+            last = test if best_meta["best_epoch"] == num_epochs - 1 else evaluator(state, "test")
+            test.update({f"last_{k}": v for k, v in last.items()})
     test["best_epoch"] = best_meta["best_epoch"]
     test[f"val_{selection}"] = best_meta["best_value"]
     test.update(_noise_diagnostics(method, state, pairs.clean))  # the final labels
@@ -263,6 +266,9 @@ def train_and_evaluate(
         with open(os.path.join(workdir, "results.json"), "w") as f:
             json.dump(test, f, indent=2, sort_keys=True)
     print(f"test (best val epoch {best_meta['best_epoch']}): " + _summary(test, config.eval.kind))
+    if config.eval.test_last_epoch:
+        last = {k[len("last_") :]: v for k, v in test.items() if k.startswith("last_")}
+        print(f"test (last epoch {num_epochs - 1}): " + _summary(last, config.eval.kind))
     writer.close()
     checkpointer.close()
     return test
