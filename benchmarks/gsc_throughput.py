@@ -83,7 +83,7 @@ def step(args):
         random_batch(rng, args.batch, args.length), mesh_lib.batch_sharding(mesh)
     )
     train_step = jax.jit(
-        step_lib.make_train_step(graphdef, method, tx, num_samples=args.batch, steps_per_epoch=1),
+        step_lib.make_train_step(graphdef, method, tx, num_samples=args.batch),
         static_argnums=2,
         donate_argnums=0,
     )

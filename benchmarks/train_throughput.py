@@ -69,7 +69,7 @@ def main():
         )
         batch = next(iter(pipeline.batches(record, 512, batch_size=args.batch, seed=0)))
         mesh = mesh_lib.make_mesh(0)
-        tx = optim.make_optimizer(config.optim, steps_per_epoch=10, num_epochs=1)
+        tx = optim.make_optimizer(config.optim)
         graphdef, state = state_lib.create(
             model_fn=lambda rngs, c=config, d=dataset: models.build_model(c.model, d.info, rngs),
             tx=tx,
@@ -79,7 +79,7 @@ def main():
         )
         state = jax.device_put(state, mesh_lib.replicated(mesh))
         step = jax.jit(
-            step_lib.make_train_step(graphdef, method, tx, num_samples=512, steps_per_epoch=10),
+            step_lib.make_train_step(graphdef, method, tx, num_samples=512),
             static_argnums=2,
             donate_argnums=0,
         )

@@ -133,7 +133,7 @@ def train_step(batch_size, anchors, steps, repeats):
     samples = dict(memory.samples, labels=jax.nn.one_hot(labels, 200) * 0.8)
     memory = base.Memory(samples, state_mem)
     mesh = mesh_lib.make_mesh(0)
-    tx = optim.make_optimizer(config.optim, steps_per_epoch=10, num_epochs=1)
+    tx = optim.make_optimizer(config.optim)
     graphdef, state = state_lib.create(
         model_fn=lambda rngs: models.build_model(config.model, info, rngs),
         tx=tx,
@@ -143,7 +143,7 @@ def train_step(batch_size, anchors, steps, repeats):
     )
     state = jax.device_put(state, mesh_lib.replicated(mesh))
     step = jax.jit(
-        step_lib.make_train_step(graphdef, method, tx, num_samples=n, steps_per_epoch=10),
+        step_lib.make_train_step(graphdef, method, tx, num_samples=n),
         static_argnums=2,
         donate_argnums=0,
     )

@@ -201,6 +201,129 @@ def batches(
     return ds.to_iter_dataset(options)
 
 
+class StreamOrder(NamedTuple):
+    """The visiting order of one stream of a pass: which records, in which order.
+
+    Attributes:
+      indices: record indices of the stream ``[M]``.
+      key: seed sequence of its shuffles; ``None`` keeps ``indices`` in order.
+      cycle: the stream restarts in a new shuffle when exhausted (auxiliary streams).
+      drop_remainder: batches are full; a stream's (or cycle's) last partial batch is
+        skipped, unless the stream holds less than one batch.
+    """
+
+    indices: np.ndarray
+    key: tuple[int, ...] | None
+    cycle: bool = False
+    drop_remainder: bool = False
+
+    def batches_per_cycle(self, batch_size: int) -> int:
+        m = len(self.indices)
+        if self.drop_remainder and m >= batch_size:
+            return m // batch_size
+        return num_batches(m, batch_size) if m else 0
+
+    def order(self, cycle: int) -> np.ndarray:
+        if self.key is None:
+            return self.indices
+        key = self.key if cycle == 0 else (*self.key, cycle)
+        return self.indices[np.random.default_rng(key).permutation(len(self.indices))]
+
+    def locate(self, b: int, batch_size: int) -> tuple[int, int]:
+        """``(cycle, batch within the cycle)`` of global batch ``b``."""
+        per = self.batches_per_cycle(batch_size)
+        if per == 0 or not self.cycle:
+            return 0, b
+        return divmod(b, per)
+
+
+def batch_sizes(stream: StreamOrder, num: int, batch_size: int) -> np.ndarray:
+    """Number of real records in each of the first ``num`` global batches of ``stream``."""
+    per = stream.batches_per_cycle(batch_size)
+    if per == 0:
+        return np.zeros(num, np.int64)
+    b = np.arange(num) % per if stream.cycle else np.arange(num)
+    return np.clip(len(stream.indices) - b * batch_size, 0, batch_size)
+
+
+def stream_batches(
+    record_fn: Callable[[int], Record],
+    num_records: int,
+    streams: Sequence[StreamOrder],
+    *,
+    batch_size: int,
+    num_steps: int,
+    start: int = 0,
+    num_threads: int = 2,
+    prefetch: int = 4,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    lengths: np.ndarray | None = None,
+    length_buckets: Sequence[int] = (),
+) -> grain.IterDataset:
+    """Steps ``start .. num_steps - 1`` of a pass: per step, one batch of each stream.
+
+    Step ``b`` reads global batch ``b`` of every stream (cycled streams wrap around in a
+    new shuffle). A batch is padded to ``batch_size`` with masked copies of record 0
+    (``mask = False``, ``index = num_records``). Batch ``b`` is a pure function of the
+    streams and ``b``: a run resumed at ``start`` reads what an uninterrupted run would.
+    Each process reads its contiguous slice of every global batch; ``lengths`` and
+    ``length_buckets`` cut each batch's tokens as in ``batches``.
+
+    Returns:
+      A Grain ``IterDataset`` of tuples of per-process batches (one per stream).
+    """
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    if batch_size % process_count:
+        raise ValueError(
+            f"Batch size {batch_size} is not divisible by the {process_count} processes."
+        )
+    local = batch_size // process_count
+    pad = _padding(record_fn, num_records)
+
+    @functools.lru_cache(maxsize=8)
+    def order(s: int, cycle: int) -> np.ndarray:
+        return streams[s].order(cycle)
+
+    def positions(s: int, b: int) -> np.ndarray:
+        cycle, b = streams[s].locate(b, batch_size)
+        return order(s, cycle)[b * batch_size : (b + 1) * batch_size]
+
+    def slot(i: int) -> tuple[Record, ...]:
+        b, j = divmod(int(i), local)
+        j += process_index * local
+        out = []
+        for s in range(len(streams)):
+            chosen = positions(s, b)
+            out.append(record_fn(chosen[j]) if j < chosen.size else pad)
+        return tuple(out)
+
+    ds = grain.MapDataset.range(start * local, num_steps * local).map(slot).batch(local)
+    if length_buckets:
+        if lengths is None:
+            raise ValueError("length_buckets need the token count of every record (lengths).")
+        buckets = np.asarray(sorted(length_buckets))
+
+        def cut(i: int, batch: tuple[Record, ...]) -> tuple[Record, ...]:
+            out = []
+            for s, part in enumerate(batch):
+                chosen = positions(s, start + i)
+                longest = int(lengths[chosen].max()) if chosen.size else 0
+                if chosen.size < batch_size:  # the padding copies record 0
+                    longest = max(longest, int(lengths[0]))
+                fits = buckets[buckets >= longest]
+                size = int(fits[0]) if fits.size else -1
+                if 0 <= size < part["tokens"].shape[1]:
+                    part = {**part, "tokens": part["tokens"][:, :size]}
+                out.append(part)
+            return tuple(out)
+
+        ds = ds.map_with_index(cut)
+    options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
+    return ds.to_iter_dataset(options)
+
+
 def to_device(batch: Record, sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
     """Assembles per-process batches into global arrays sharded by ``sharding``."""
     return {

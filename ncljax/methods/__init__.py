@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 
-from ncljax.methods import baselines, gsc, uot_rcl
+from ncljax.methods import baselines, gsc, ncr, uot_rcl
 from ncljax.methods.base import (
     EpochPlan,
     InitContext,
@@ -13,6 +13,7 @@ from ncljax.methods.base import (
     Memory,
     Method,
     RefreshContext,
+    Streams,
 )
 
 REGISTRY: dict[str, Callable[..., Method]] = {
@@ -21,6 +22,7 @@ REGISTRY: dict[str, Callable[..., Method]] = {
     "ce": baselines.ce,
     "uot_rcl": uot_rcl.uot_rcl,
     "gsc": gsc.gsc,
+    "ncr": ncr.ncr,
 }
 
 
@@ -54,5 +56,6 @@ __all__ = [
     "Memory",
     "Method",
     "RefreshContext",
+    "Streams",
     "build_method",
 ]

@@ -1,27 +1,67 @@
 """The method bundle: the small set of pure functions a training method is made of.
 
 A method never touches parameters, optimisers, data loading or devices; the trainer
-(``ncljax.train``) composes its functions into one jitted ``train_step``:
+(``ncljax.train``) composes its functions into one jitted ``train_step`` and runs each
+epoch as its ``EpochPlan`` says.
 
 1. ``forward_fn(model, batch, memory_state, *, train, rngs, phase) -> outputs`` runs the
    model (default: ``model(batch)``), so a method can ask for extra forward passes (e.g.
    the confident-set embeddings of UOT-RCL, the intra-modal similarities of GSC).
 2. ``loss_fn(outputs, batch, rows, peer_rows, ctx) -> (per_example_loss [B], aux)``:
    ``rows`` are this network's per-sample memory rows gathered at ``batch['index']``,
-   ``peer_rows`` those of the other network (dual networks exchange labels by reading
-   them; with one network ``peer_rows is rows``). ``aux['metrics']`` holds per-example
-   values ``[B]`` to average and log; ``aux['memory']`` holds per-example rows to write
-   back into ``memory.samples`` at ``batch['index']``; ``aux['clean_estimate']``
-   (optional, ``[B]`` in ``[0, 1]``) is the method's per-pair belief that the pair is
-   clean, which the trainer scores against the true mask for the logs only.
+   ``peer_rows`` those of its peer (the other network of a pair; with one network
+   ``peer_rows is rows``). ``aux`` may hold:
+
+   * ``metrics``: per-example values ``[B]`` to average and log;
+   * ``memory``: per-example rows to write back into ``memory.samples`` at
+     ``batch['index']`` (padding rows are never written);
+   * ``clean_estimate`` (``[B]`` in ``[0, 1]``) or ``clean_estimates`` (a dict of them,
+     e.g. one per retrieval direction): the method's per-pair beliefs that a pair is
+     clean, each scored against the true mask (precision and recall of ``> 0.5``) in
+     the logs only;
+   * ``loss_weight`` (``[B]``, >= 0): how much each pair counts in the loss (a soft
+     label, a margin, a mask); the logs report the share of it on truly noisy pairs.
+
+   The trainer averages the per-example loss over the real pairs of the global batch
+   (``loss_reduction='mean'``) or sums it (``'sum'``: the reference code of VSE++/NCR,
+   which matters with gradient clipping).
 3. ``refresh_fn(memory, stats, ctx) -> (memory, diagnostics)`` is the per-epoch
    estimation step (GMM fit, OT solve, momentum update), run on the host between
    epochs with jitted pieces. ``stats`` is ``None`` unless the method has a
    ``stats_fn(outputs, batch) -> dict of [B, ...]``; then the trainer first runs an
-   eval-mode forward pass over the training pairs and hands the collected ``[N, ...]``
-   arrays (ordered by index) to ``refresh_fn``.
-4. ``plan_fn(epoch) -> EpochPlan`` tells the trainer the static phase of the epoch
-   (warm-up or main; each phase compiles its own step) and whether to refresh first.
+   eval-mode forward pass of every network over the training pairs (in shuffled
+   batches of the training size) and hands the collected ``[N, ...]`` arrays (ordered
+   by index) to ``refresh_fn``.
+4. ``plan_fn(epoch) -> EpochPlan`` describes the epoch: its static phase, whether to
+   refresh first, whether the networks train together or in turn, how many sequential
+   optimiser updates a step makes and on which stream, optimiser resets, the epoch the
+   learning-rate schedule reads, and whether the epoch may be selected as best.
+5. ``streams_fn(memory, epoch, network) -> Streams`` (optional) names the training pairs
+   a pass walks: a main stream (each pair once per epoch, shuffled) and an auxiliary
+   stream cycled alongside it (reshuffled whenever exhausted); the step receives one
+   batch of each. Called after the refresh, with the stacked memory of all networks
+   (leaves ``[K, N, ...]``), ``network`` the training network of an in-turn pass or
+   ``None`` in a together pass. Default: every pair, no auxiliary stream.
+6. ``prepare_fn(model, peer, batches, ctx) -> pytree`` (optional) is a no-grad,
+   eval-mode pass shared by a step's updates, before the first of them: ``model`` is
+   the training network, ``peer`` its peer (frozen in an in-turn pass; the network
+   itself with one network), ``batches`` the step's batches (main first). Its result
+   reaches ``loss_fn`` as ``ctx.prepared`` (e.g. NCR's co-rectified targets).
+
+Epochs as plans
+---------------
+An epoch is a sequence of passes. In a *together* pass (``in_turn=False``; GSC+ and the
+baselines) every network steps on the same batch under ``jax.vmap``. In an *in-turn*
+pass (``in_turn=True``; NCR, PC2: the official semantics) network 0 walks its streams
+while every other network is frozen (parameters, statistics, optimiser state, memory),
+then network 1 walks its own against network 0's end-of-pass state, and so on; the
+training network is sliced out, so a turn costs one network. Within a step, the
+``updates`` are applied in sequence, each from the parameters the previous one
+produced; a network whose batch for an update holds no real pair does not move (a
+zero-gradient Adam step would). Batches are padded to the global size with masked
+copies; padding reaches no loss, no memory row and no BatchNorm statistic. A pass ends
+early at the first step whose main or (non-empty) auxiliary batch has fewer than
+``min_batch`` real pairs (NCR stops at a batch of one, which BatchNorm cannot take).
 
 Per-sample memory lives in ``TrainState`` as ``Memory(samples, state)``: ``samples``
 leaves have a leading ``[N]`` axis and are gathered/scattered by ``index``; ``state``
@@ -66,15 +106,17 @@ class InitContext(NamedTuple):
 
 
 class LossContext(NamedTuple):
-    """What ``loss_fn`` knows besides its inputs.
+    """What ``loss_fn`` (and ``prepare_fn``) know besides their inputs.
 
     Attributes:
-      step: global step (traced int32 scalar).
-      epoch: current epoch (traced int32 scalar).
+      step: global step (traced int32 scalar; one step may make several updates).
+      epoch: current epoch (traced int32 scalar, ``TrainState.epoch``).
       phase: static phase of the epoch from ``plan_fn`` (a python int).
       num_samples: number of training pairs ``N`` (a python int).
       network: which network of a dual pair this is (traced int32; 0 with one network).
-      rng: a key for this step and network.
+      rng: a key for this step, network and update.
+      update: which of the step's sequential updates this is (a python int; 0 first).
+      prepared: the result of the method's ``prepare_fn`` for this step (or ``None``).
     """
 
     step: Array
@@ -83,6 +125,8 @@ class LossContext(NamedTuple):
     num_samples: int
     network: Array
     rng: Array
+    update: int = 0
+    prepared: PyTree = None
 
 
 class RefreshContext(NamedTuple):
@@ -105,10 +149,52 @@ class RefreshContext(NamedTuple):
 
 
 class EpochPlan(NamedTuple):
-    """``phase``: static step variant of the epoch; ``refresh``: run ``refresh_fn`` first."""
+    """How the trainer runs one epoch (see "Epochs as plans" in the module docstring).
+
+    Attributes:
+      phase: static step variant of the epoch (warm-up, main, ...): each phase compiles
+        its own step.
+      refresh: run the statistics pass and ``refresh_fn`` before the epoch.
+      in_turn: the networks train one after another, each against its frozen peers
+        (one pass per network); ``False``: together under ``vmap`` (one pass).
+      updates: per step, the stream each sequential optimiser update reads (0: the main
+        batch, 1: the auxiliary batch); ``(0, 1)`` makes two updates per step.
+      reset_optimizer: re-initialise every network's optimiser state before the epoch.
+      lr_epoch: the epoch the learning-rate schedule reads (``None``: this epoch), e.g.
+        epochs counted from the end of a warm-up.
+      selectable: the epoch may be selected as best on validation (warm-up: no).
+      restart_best: forget the best validation score before this epoch is scored, so
+        only this and later epochs can win.
+      min_batch: a pass ends at the first step whose main batch, or non-empty auxiliary
+        stream's batch, has fewer real pairs than this (2 for BatchNorm).
+      drop_remainder: every batch is full: the last partial batch of the main stream (and
+        of each cycle of the auxiliary stream, when it holds a full batch) is skipped.
+    """
 
     phase: int = 0
     refresh: bool = False
+    in_turn: bool = False
+    updates: tuple[int, ...] = (0,)
+    reset_optimizer: bool = False
+    lr_epoch: int | None = None
+    selectable: bool = True
+    restart_best: bool = False
+    min_batch: int = 1
+    drop_remainder: bool = False
+
+
+class Streams(NamedTuple):
+    """The training pairs a pass walks (indices into the ``N`` training pairs).
+
+    Attributes:
+      main: int ``[M]``: each visited once per epoch in a fresh shuffle (``None``: all
+        ``N`` pairs).
+      aux: int ``[A]`` cycled alongside the main stream, one batch per step, reshuffled
+        whenever exhausted (``None``: no auxiliary batch).
+    """
+
+    main: Any = None
+    aux: Any = None
 
 
 def default_forward(model, batch, memory_state, *, train, rngs, phase):
@@ -143,6 +229,9 @@ class Method(NamedTuple):
       eval_transform: applied to each network's similarities before they are averaged at
         evaluation (e.g. a sigmoid for logit heads).
       num_networks: 1, or 2 for dual-network methods.
+      streams_fn: ``(memory, epoch, network) -> Streams``, or ``None`` (all pairs).
+      prepare_fn: ``(model, peer, batches, ctx) -> pytree``, or ``None``.
+      loss_reduction: ``'mean'`` (over the real pairs of the global batch) or ``'sum'``.
     """
 
     name: str
@@ -157,6 +246,9 @@ class Method(NamedTuple):
     diagnostic_scores_fn: Callable[[Memory], dict[str, Array]] | None = None
     eval_transform: Callable[[Array], Array] = _identity
     num_networks: int = 1
+    streams_fn: Callable[[Memory, int, int | None], Streams] | None = None
+    prepare_fn: Callable[..., PyTree] | None = None
+    loss_reduction: str = "mean"
 
 
 def empty_memory(ctx: InitContext) -> Memory:

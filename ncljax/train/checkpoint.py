@@ -1,9 +1,11 @@
-"""Checkpoints: the latest ``TrainState`` with the data iterator, and the best-on-validation model.
+"""Checkpoints: the latest ``TrainState`` with the run's progress, and the best-on-validation model.
 
 Two orbax ``CheckpointManager`` directories under ``workdir/checkpoints``: ``latest``
-(the whole ``TrainState``, the Grain iterator position and a JSON record of the run's
-progress; resumed automatically) and ``best`` (parameters and model state of the best
-validation epoch, for the final test evaluation). Saves are synchronous and atomic: a
+(the whole ``TrainState``, the index sets of the epoch's passes and a JSON record of the
+run's progress: epoch, pass, position in the pass, best validation so far; resumed
+automatically) and ``best`` (parameters and model state of the best validation epoch,
+for the final test evaluation). Batches are a pure function of the seed, the streams
+and the position, so no data-iterator state is saved. Saves are synchronous and atomic: a
 crash mid-save leaves the previous checkpoint intact.
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import os
 
-import grain
 import jax
 import orbax.checkpoint as ocp
 
@@ -37,7 +38,7 @@ class Checkpointer:
         directory = os.path.abspath(directory)
         handlers = {
             "state": ocp.StandardCheckpointHandler(),
-            "data": grain.checkpoint.CheckpointHandler(),
+            "streams": ocp.StandardCheckpointHandler(),
             "meta": ocp.JsonCheckpointHandler(),
         }
         self._latest = ocp.CheckpointManager(
@@ -56,8 +57,9 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._latest.latest_step()
 
-    def save(self, state: TrainState, iterator, meta: dict) -> None:
-        """Saves the state, the iterator position and ``meta`` at ``state.step``."""
+    def save(self, state: TrainState, meta: dict, streams: dict) -> None:
+        """Saves the state, ``meta`` (progress, best so far) and the epoch's ``streams``
+        (``passes.encode_streams``) at ``state.step``."""
         step = int(state.step)
         if step in self._latest.all_steps():
             return
@@ -65,28 +67,29 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(_to_saveable(state)),
-                data=grain.checkpoint.CheckpointSave(iterator),
+                streams=ocp.args.StandardSave(streams),
                 meta=ocp.args.JsonSave(meta),
             ),
         )
 
-    def restore(self, like: TrainState, iterator) -> tuple[TrainState, dict] | None:
-        """Restores the latest checkpoint into ``iterator`` and a state shaped like ``like``.
-
-        Returns ``None`` when there is no checkpoint.
-        """
+    def restore(self, like: TrainState, like_streams: dict) -> tuple[TrainState, dict, dict] | None:
+        """Restores the latest checkpoint: a state shaped like ``like``, ``meta`` and the
+        streams (shaped like ``like_streams``). ``None`` when there is no checkpoint."""
         step = self._latest.latest_step()
         if step is None:
             return None
+        abstract_streams = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like_streams
+        )
         out = self._latest.restore(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(_abstract(_to_saveable(like))),
-                data=grain.checkpoint.CheckpointRestore(iterator),
+                streams=ocp.args.StandardRestore(abstract_streams),
                 meta=ocp.args.JsonRestore(),
             ),
         )
-        return _from_saveable(out["state"]), out["meta"]
+        return _from_saveable(out["state"]), out["meta"], jax.device_get(out["streams"])
 
     def save_best(self, state: TrainState, meta: dict) -> None:
         """Keeps the model of ``state`` as the best one so far."""

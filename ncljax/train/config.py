@@ -165,6 +165,25 @@ def quick(config) -> ml_collections.ConfigDict:
     return config
 
 
+def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
+    """Method ``name``'s hyperparameters: the defaults of its factory's signature, then
+    ``overrides`` (so a config never repeats, or drifts from, the method's defaults)."""
+    import inspect
+
+    from ncljax import methods
+
+    factory = methods.REGISTRY[name]
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(factory).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(f"Method {name!r} does not take {unknown}; it takes {sorted(defaults)}.")
+    return ml_collections.ConfigDict({**defaults, **overrides})
+
+
 def uot_rcl_kwargs(**overrides) -> ml_collections.ConfigDict:
     """UOT-RCL's hyperparameters with the paper's (and the spec's) defaults."""
     kwargs = dict(

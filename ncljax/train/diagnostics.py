@@ -70,3 +70,36 @@ def score_diagnostics(method, state, clean: np.ndarray, workdir: str, epoch: int
         os.makedirs(directory, exist_ok=True)
         np.savez(os.path.join(directory, f"epoch_{epoch:04d}.npz"), **arrays)
     return metrics
+
+
+def label_diagnostics(method, state, pairs) -> dict[str, float]:
+    """Accuracy of the method's corrected labels on the pairs it trusts (true labels known)."""
+    true = pairs.true_labels
+    if method.label_estimate_fn is None or (true < 0).any():
+        return {}
+    labels, selected = method.label_estimate_fn(state_lib.network(state.memory, 0))
+    labels, selected = np.asarray(labels), np.asarray(selected, bool)
+    observed = np.concatenate([pairs.labels_image == true, pairs.labels_text == true])
+    return {
+        "corrected_accuracy": float((labels == true)[selected].mean()) if selected.any() else 0.0,
+        "selected_fraction": float(selected.mean()),
+        "observed_accuracy": float(observed.mean()),
+    }
+
+
+def noise_diagnostics(method, state, clean: np.ndarray) -> dict[str, float]:
+    """Noise-detection quality of the method's clean estimate: of the mean over networks,
+    and with several networks of each one (``noise_auc_net0``, ...)."""
+    if method.clean_score_fn is None or clean.all() or not clean.any():
+        return {}
+    num_networks = jax.tree.leaves(state.params)[0].shape[0]
+    scores = [
+        np.asarray(method.clean_score_fn(state_lib.network(state.memory, k)))
+        for k in range(num_networks)
+    ]
+    out = evaluate.noise_detection_metrics(np.mean(scores, 0), clean)
+    if num_networks > 1:
+        for k, score in enumerate(scores):
+            quality = evaluate.noise_detection_metrics(score, clean)
+            out.update({f"{name}_net{k}": value for name, value in quality.items()})
+    return out

@@ -1,8 +1,13 @@
 """``train_and_evaluate``: train one method on one dataset, resumably, and test the best model.
 
-Reads top to bottom: data and noise, model and method, state, resume, then per epoch:
-refresh (the method's estimation step), train steps, validation, checkpoints; finally
-the best-on-validation model is evaluated on the test split and ``results.json`` written.
+Reads top to bottom: data and noise, model and method, state, resume, then per epoch as
+the method's ``EpochPlan`` says: refresh (the method's estimation step), optimiser reset,
+the epoch's passes (one together pass, or one pass per network in turn), validation,
+selection, checkpoint; finally the best-on-validation model is evaluated on the test
+split and ``results.json`` written.
+
+A checkpoint records the epoch, the pass, the position in it and the index sets of the
+epoch's passes, so a run killed anywhere resumes to the same result.
 """
 
 from __future__ import annotations
@@ -20,101 +25,19 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from ncljax import evaluate, methods, models
+from ncljax import methods, models
 from ncljax.data import pipeline, sources
-from ncljax.methods.base import InitContext, RefreshContext
-from ncljax.train import checkpoint, evaluation, optim, writers
+from ncljax.methods.base import InitContext
+from ncljax.train import checkpoint, evaluation, optim, passes, rundir, writers
 from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train.diagnostics import score_diagnostics
+from ncljax.train.diagnostics import label_diagnostics, noise_diagnostics, score_diagnostics
+from ncljax.train.refresh import Refresher
 
 Callback = Callable[[int, dict], None]
-
-
-# Fields a resumed run may change: they alter neither the shapes of the state nor the
-# data order, e.g. to lower the learning rate after a NaN stop.
-RESUMABLE = (
-    "optim.learning_rate",
-    "optim.schedule",
-    "optim.decay_factor",
-    "optim.decay_every",
-    "optim.b1",
-    "optim.b2",
-    "optim.eps",
-    "optim.weight_decay",
-    "train.log_every_steps",
-    "train.checkpoint_every_steps",
-    "train.progress_bar",
-    "data.num_threads",
-    "data.prefetch",
-    "data.length_buckets",
-    "eval.batch_size",
-    "eval.image_chunk",
-    "eval.text_chunk",
-    "distributed",
-)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _write_config(workdir: str, config, extra: dict) -> None:
-    """Writes ``config.json``; refuses a workdir that holds a run of another config.
-
-    Only the ``RESUMABLE`` fields may differ from the run being resumed.
-    """
-    resolved = json.loads(config.to_json_best_effort())
-    resolved.update(extra)
-    path = os.path.join(workdir, "config.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            previous, current = _flatten(json.load(f)), _flatten(resolved)
-        changed = sorted(
-            k for k in previous.keys() | current.keys() if previous.get(k) != current.get(k)
-        )
-        fixed = [k for k in changed if k not in RESUMABLE]
-        if fixed:
-            raise ValueError(
-                f"{workdir} holds a run with a different config ({fixed} differ). Use a new "
-                "--workdir, or the same config to resume that run (only "
-                f"{list(RESUMABLE)} may change)."
-            )
-        if changed:
-            print(f"Resuming with changed {', '.join(f'{k}={current.get(k)}' for k in changed)}.")
-    if jax.process_index() == 0:
-        with open(path, "w") as f:
-            json.dump(resolved, f, indent=2, sort_keys=True)
-
-
-def _mean(accumulated: dict) -> dict[str, float]:
-    host = jax.device_get(accumulated)
-    return {k: float(v[0] / max(v[1], 1.0)) for k, v in host.items()}
-
-
-def _check_finite(state, steps_per_epoch: int, checkpointer) -> None:
-    bad = int(state.nonfinite_step)
-    if bad >= 0:
-        last = checkpointer.latest_step()
-        kept = (
-            f"the last good checkpoint (step {last}) is kept"
-            if last is not None
-            else "no checkpoint was saved yet"
-        )
-        raise FloatingPointError(
-            f"Non-finite (NaN/Inf) inputs, loss or gradients at step {bad} (epoch "
-            f"{bad // steps_per_epoch}); its update was skipped and training stopped, "
-            f"{kept}. Check the features for NaN/Inf, or rerun the same command with a lower "
-            "--config.optim.learning_rate to resume from the checkpoint."
-        )
+RESUMABLE = rundir.RESUMABLE
 
 
 def train_and_evaluate(
@@ -149,7 +72,7 @@ def train_and_evaluate(
         text_fields=text_fields,
     )
     os.makedirs(workdir, exist_ok=True)
-    _write_config(
+    rundir.write_config(
         workdir,
         config,
         {"noise_checksum": pairs.checksum, "noise_realised_rate": pairs.realised_rate},
@@ -163,8 +86,7 @@ def train_and_evaluate(
             f"must be multiples of the {mesh.size} devices (or set train.num_devices)."
         )
     n = pairs.num_records
-    steps_per_epoch = pipeline.num_batches(n, batch_size)
-    tx = optim.make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
+    tx = optim.make_optimizer(config.optim)
     init = InitContext(n, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim)
     graphdef, state = state_lib.create(
         model_fn=lambda rngs: models.build_model(config.model, info, rngs),
@@ -174,27 +96,18 @@ def train_and_evaluate(
         seed=config.seed,
     )
     state = mesh_lib.replicate(state, mesh)
-    data_sharding = mesh_lib.batch_sharding(mesh)
-    buckets = tuple(config.data.length_buckets) if "tokens" in text_fields else ()
-    train_batches = pipeline.batches(
-        pairs.record_fn,
-        n,
-        batch_size=batch_size,
-        num_epochs=num_epochs,
-        seed=config.seed,
-        num_threads=config.data.num_threads,
-        prefetch=config.data.prefetch,
-        lengths=train_split.caption_lengths() if buckets else None,
-        length_buckets=buckets,
-    )
-    iterator = iter(train_batches)
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
     writer = writers.MetricWriter(workdir)
-    meta = {"best_value": -math.inf, "best_epoch": -1}
-    restored = checkpointer.restore(state, iterator)
+    meta = {"best_value": -math.inf, "best_epoch": -1, "epoch": 0, "pass": 0, "position": 0}
+    saved_sets = None
+    restored = checkpointer.restore(state, passes.encode_streams([], method.num_networks, n))
     if restored is not None:
-        state, meta = restored
-        print(f"Resumed from step {int(state.step)} in {workdir}.")
+        state, meta, saved = restored
+        saved_sets = passes.decode_streams(saved)
+        print(
+            f"Resumed from step {int(state.step)} in {workdir} (epoch {meta['epoch']}, "
+            f"pass {meta['pass']}, step {meta['position']} of the pass)."
+        )
     writer.truncate_after(int(state.step) if restored is not None else -1)
 
     evaluator = evaluation.Evaluator(
@@ -207,51 +120,81 @@ def train_and_evaluate(
     )
     selection = "rsum" if config.eval.kind == "recall" else "map_avg"
     replicated = mesh_lib.replicated(mesh)
+    data_sharding = mesh_lib.batch_sharding(mesh)
     train_step = jax.jit(
-        step_lib.make_train_step(
-            graphdef, method, tx, num_samples=n, steps_per_epoch=steps_per_epoch
-        ),
+        step_lib.make_train_step(graphdef, method, tx, num_samples=n),
         static_argnums=2,
         donate_argnums=0,
-        in_shardings=(replicated, data_sharding, replicated),
+        in_shardings=(replicated, data_sharding, replicated, replicated),
         out_shardings=(replicated, replicated),
     )
-    clean = mesh_lib.replicate(pairs.clean, mesh)  # scores clean_estimate; logs only
-    refresh = _Refresher(graphdef, method, pairs, mesh, config, num_epochs)
-
+    buckets = tuple(config.data.length_buckets) if "tokens" in text_fields else ()
     run = _Run(
-        config, iterator, train_step, data_sharding, writer, checkpointer, steps_per_epoch, clean
+        config=config,
+        method=method,
+        pairs=pairs,
+        train_step=train_step,
+        sharding=data_sharding,
+        writer=writer,
+        checkpointer=checkpointer,
+        clean=mesh_lib.replicate(pairs.clean, mesh),  # scores clean estimates; logs only
+        lengths=train_split.caption_lengths() if buckets else None,
+        buckets=buckets,
+        tx=tx,
+        schedule=optim.learning_rate_schedule(config.optim, num_epochs=num_epochs),
     )
+    refresh = Refresher(graphdef, method, pairs, mesh, config, num_epochs)
 
     with jax.set_mesh(mesh):
-        for epoch in range(int(state.step) // steps_per_epoch, num_epochs):
+        for epoch in range(meta["epoch"], num_epochs):
             plan = method.plan_fn(epoch)
-            if int(state.step) == epoch * steps_per_epoch and plan.refresh:
-                state, diagnostics = refresh(state, epoch)
-                if diagnostics:
-                    writer.write(
-                        step=int(state.step), epoch=epoch, split="refresh", metrics=diagnostics
-                    )
-            state = _train_epoch(run, state, epoch, plan.phase, meta)
-            _check_finite(state, steps_per_epoch, checkpointer)
+            resuming = saved_sets is not None and (meta["pass"] or meta["position"])
+            if resuming:  # mid-epoch: refresh, reset and streams are in the checkpoint
+                stream_sets, first_pass, position = saved_sets, meta["pass"], meta["position"]
+            else:
+                state = _start_epoch(run, state, refresh, epoch, plan)
+                stream_sets = passes.epoch_stream_sets(
+                    method, plan, state.memory, epoch, n, method.num_networks
+                )
+                first_pass, position = 0, 0
+            saved_sets = None
+            state = state._replace(
+                opt_state=optim.set_learning_rate(
+                    state.opt_state, float(run.schedule(_lr_epoch(plan, epoch)))
+                )
+            )
+            epoch_passes = passes.plan_passes(
+                method, plan, stream_sets, epoch=epoch, batch_size=batch_size, seed=config.seed
+            )
+            encoded = passes.encode_streams(stream_sets, method.num_networks, n)
+            for p in range(first_pass, len(epoch_passes)):
+                last = p == len(epoch_passes) - 1
+                start = position if p == first_pass else 0
+                state = _run_pass(run, state, epoch, p, epoch_passes[p], start, meta, encoded, last)
+            _check_finite(state, checkpointer)
             val = evaluator(state, "val")
-            val.update(_noise_diagnostics(method, state, pairs.clean))
+            val.update(noise_diagnostics(method, state, pairs.clean))
             val.update(score_diagnostics(method, state, pairs.clean, workdir, epoch))
-            val.update(_label_diagnostics(method, state, pairs))
+            val.update(label_diagnostics(method, state, pairs))
+            val.update(_pass_lengths(epoch_passes))
+            val["learning_rate"] = optim.learning_rate(state.opt_state)
             writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
             tqdm.tqdm.write(f"epoch {epoch}: val " + _summary(val, config.eval.kind))
-            if val[selection] > meta["best_value"]:
-                meta = {"best_value": val[selection], "best_epoch": epoch}
+            if plan.restart_best:
+                meta = {**meta, "best_value": -math.inf, "best_epoch": -1}
+            if plan.selectable and val[selection] > meta["best_value"]:
+                meta = {**meta, "best_value": val[selection], "best_epoch": epoch}
                 checkpointer.save_best(state, meta)
-            checkpointer.save(state, iterator, meta)
+            meta = {**meta, "epoch": epoch + 1, "pass": 0, "position": 0}
+            checkpointer.save(state, meta, encoded)
             for callback in callbacks:
                 callback(epoch, val)
 
         best = checkpointer.restore_best(state)
         if best is None:
             raise ValueError(
-                f"No epoch reached a finite validation {selection}; nothing to test. "
-                f"See {os.path.join(workdir, 'metrics.jsonl')}."
+                f"No selectable epoch reached a finite validation {selection}; nothing to "
+                f"test. See {os.path.join(workdir, 'metrics.jsonl')}."
             )
         best_state, best_meta = best
         test = evaluator(best_state, "test")
@@ -260,7 +203,7 @@ def train_and_evaluate(
             test.update({f"last_{k}": v for k, v in last.items()})
     test["best_epoch"] = best_meta["best_epoch"]
     test[f"val_{selection}"] = best_meta["best_value"]
-    test.update(_noise_diagnostics(method, state, pairs.clean))  # the final labels
+    test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
     writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "results.json"), "w") as f:
@@ -274,6 +217,130 @@ def train_and_evaluate(
     return test
 
 
+class _Run(NamedTuple):
+    """What every epoch of a run shares."""
+
+    config: ml_collections.ConfigDict
+    method: Any
+    pairs: pipeline.TrainingPairs
+    train_step: Callable
+    sharding: jax.sharding.Sharding
+    writer: writers.MetricWriter
+    checkpointer: checkpoint.Checkpointer
+    clean: jax.Array
+    lengths: np.ndarray | None
+    buckets: tuple[int, ...]
+    tx: Any
+    schedule: Callable
+
+
+def _lr_epoch(plan, epoch: int) -> int:
+    return epoch if plan.lr_epoch is None else plan.lr_epoch
+
+
+def _start_epoch(run: _Run, state, refresh: Refresher, epoch: int, plan):
+    """Before an epoch's first step: its counter, the refresh and an optimiser reset."""
+    state = state._replace(epoch=jnp.full_like(state.epoch, epoch))
+    if plan.refresh:
+        state, diagnostics = refresh(state, epoch)
+        if diagnostics:
+            run.writer.write(
+                step=int(state.step), epoch=epoch, split="refresh", metrics=diagnostics
+            )
+    if plan.reset_optimizer:
+        shardings = jax.tree.map(lambda x: x.sharding, state.opt_state)
+        fresh = jax.jit(jax.vmap(run.tx.init), out_shardings=shardings)(state.params)
+        state = state._replace(opt_state=fresh)
+    return state
+
+
+def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
+    """Runs steps ``start ..`` of ``one_pass``; logs and checkpoints along the way."""
+    cfg, batch_size = run.config, run.config.train.batch_size
+    total = one_pass.num_steps
+    batches = pipeline.stream_batches(
+        run.pairs.record_fn,
+        run.pairs.num_records,
+        one_pass.streams,
+        batch_size=batch_size,
+        num_steps=total,
+        start=start,
+        num_threads=cfg.data.num_threads,
+        prefetch=cfg.data.prefetch,
+        lengths=run.lengths,
+        length_buckets=run.buckets,
+    )
+    network = np.int32(one_pass.network or 0)
+    host_step = int(state.step)  # counted on the host from here: no per-step device sync
+    accumulated, logged_at, tic = None, start, time.perf_counter()
+    bar = tqdm.tqdm(
+        total=total,
+        initial=start,
+        desc=f"epoch {epoch}{one_pass.name.replace('_', ' ')}",
+        unit="batch",
+        disable=not cfg.train.progress_bar or jax.process_index() != 0,
+        leave=False,
+    )
+    for done, host_batches in enumerate(batches, start=start + 1):
+        device_batches = tuple(pipeline.to_device(b, run.sharding) for b in host_batches)
+        state, metrics = run.train_step(state, device_batches, one_pass.spec, run.clean, network)
+        accumulated = (
+            metrics if accumulated is None else jax.tree.map(jnp.add, accumulated, metrics)
+        )
+        host_step += 1
+        bar.update(1)
+        if done % cfg.train.log_every_steps == 0 or done == total:
+            _check_finite(state, run.checkpointer)  # the one host sync
+            rate = (done - logged_at) * batch_size / (time.perf_counter() - tic)
+            mean = _mean(accumulated) | {"pairs_per_s": rate}
+            if one_pass.network is not None:
+                mean["network"] = one_pass.network
+            run.writer.write(step=int(state.step), epoch=epoch, split="train", metrics=mean)
+            bar.set_postfix(loss=f"{mean['loss']:.4f}", pairs_per_s=f"{rate:.0f}")
+            accumulated, logged_at, tic = None, done, time.perf_counter()
+        every = cfg.train.checkpoint_every_steps
+        # The epoch's last step is saved after validation, with the next epoch's progress.
+        if every and host_step % every == 0 and not (last and done == total):
+            _check_finite(state, run.checkpointer)
+            progress = {**meta, "epoch": epoch, "pass": p, "position": done}
+            run.checkpointer.save(state, progress, encoded)
+    bar.close()
+    return state
+
+
+def _pass_lengths(epoch_passes) -> dict[str, float]:
+    """Each pass's steps and stream sizes (the epoch length per network)."""
+    out = {}
+    for one_pass in epoch_passes:
+        out[f"steps{one_pass.name}"] = one_pass.num_steps
+        out[f"main_pairs{one_pass.name}"] = len(one_pass.streams[0].indices)
+        if len(one_pass.streams) > 1:
+            out[f"aux_pairs{one_pass.name}"] = len(one_pass.streams[1].indices)
+    return out
+
+
+def _mean(accumulated: dict) -> dict[str, float]:
+    host = jax.device_get(accumulated)
+    return {k: float(v[0] / max(v[1], 1.0)) for k, v in host.items()}
+
+
+def _check_finite(state, checkpointer) -> None:
+    bad = int(state.nonfinite_step)
+    if bad >= 0:
+        last = checkpointer.latest_step()
+        kept = (
+            f"the last good checkpoint (step {last}) is kept"
+            if last is not None
+            else "no checkpoint was saved yet"
+        )
+        raise FloatingPointError(
+            f"Non-finite (NaN/Inf) inputs, loss or gradients at step {bad} (epoch "
+            f"{int(state.epoch)}); its update was skipped and training stopped, "
+            f"{kept}. Check the features for NaN/Inf, or rerun the same command with a lower "
+            "--config.optim.learning_rate to resume from the checkpoint."
+        )
+
+
 def _summary(metrics: dict, kind: str) -> str:
     keys = (
         ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
@@ -282,163 +349,3 @@ def _summary(metrics: dict, kind: str) -> str:
     )
     keys += tuple(k for k in ("noise_auc", "noise_precision", "noise_recall") if k in metrics)
     return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
-
-
-class _Run(NamedTuple):
-    """What every epoch of a run shares."""
-
-    config: ml_collections.ConfigDict
-    iterator: Any
-    train_step: Callable
-    sharding: jax.sharding.Sharding
-    writer: writers.MetricWriter
-    checkpointer: checkpoint.Checkpointer
-    steps_per_epoch: int
-    clean: jax.Array
-
-
-def _train_epoch(run: _Run, state, epoch: int, phase: int, meta: dict):
-    """Runs the rest of ``epoch`` (all of it, or from a mid-epoch checkpoint)."""
-    cfg, steps_per_epoch = run.config, run.steps_per_epoch
-    first = int(state.step) - epoch * steps_per_epoch
-    accumulated, logged_at, tic = None, first, time.perf_counter()
-    bar = tqdm.tqdm(
-        total=steps_per_epoch,
-        initial=first,
-        desc=f"epoch {epoch}",
-        unit="batch",
-        disable=not cfg.train.progress_bar or jax.process_index() != 0,
-        leave=False,
-    )
-    for done in range(first + 1, steps_per_epoch + 1):
-        batch = pipeline.to_device(next(run.iterator), run.sharding)
-        state, metrics = run.train_step(state, batch, phase, run.clean)
-        accumulated = (
-            metrics if accumulated is None else jax.tree.map(jnp.add, accumulated, metrics)
-        )
-        bar.update(1)
-        if done % cfg.train.log_every_steps == 0 or done == steps_per_epoch:
-            _check_finite(state, steps_per_epoch, run.checkpointer)  # the one host sync
-            rate = (done - logged_at) * cfg.train.batch_size / (time.perf_counter() - tic)
-            mean = _mean(accumulated) | {"pairs_per_s": rate}
-            run.writer.write(step=int(state.step), epoch=epoch, split="train", metrics=mean)
-            bar.set_postfix(loss=f"{mean['loss']:.4f}", pairs_per_s=f"{rate:.0f}")
-            accumulated, logged_at, tic = None, done, time.perf_counter()
-        every = cfg.train.checkpoint_every_steps  # host-side step count: no device sync
-        if every and (epoch * steps_per_epoch + done) % every == 0 and done < steps_per_epoch:
-            _check_finite(state, steps_per_epoch, run.checkpointer)
-            run.checkpointer.save(state, run.iterator, meta)
-    bar.close()
-    return state
-
-
-def _label_diagnostics(method, state, pairs) -> dict[str, float]:
-    """Accuracy of the method's corrected labels on the pairs it trusts (true labels known)."""
-    true = pairs.true_labels
-    if method.label_estimate_fn is None or (true < 0).any():
-        return {}
-    labels, selected = method.label_estimate_fn(state_lib.network(state.memory, 0))
-    labels, selected = np.asarray(labels), np.asarray(selected, bool)
-    observed = np.concatenate([pairs.labels_image == true, pairs.labels_text == true])
-    return {
-        "corrected_accuracy": float((labels == true)[selected].mean()) if selected.any() else 0.0,
-        "selected_fraction": float(selected.mean()),
-        "observed_accuracy": float(observed.mean()),
-    }
-
-
-def _noise_diagnostics(method, state, clean: np.ndarray) -> dict[str, float]:
-    """Noise-detection quality of the method's clean estimate (mean over networks)."""
-    if method.clean_score_fn is None or clean.all():
-        return {}
-    scores = [
-        np.asarray(method.clean_score_fn(state_lib.network(state.memory, k)))
-        for k in range(jax.tree.leaves(state.params)[0].shape[0])
-    ]
-    return evaluate.noise_detection_metrics(np.mean(scores, 0), clean)
-
-
-def _scatter_stats(buffers, index, values):
-    """Writes per-network values ``[K, B, ...]`` at ``index`` (padding ``N`` is dropped)."""
-    return jax.tree.map(lambda b, v: b.at[:, index].set(v, mode="drop"), buffers, values)
-
-
-class _Refresher:
-    """Runs a method's per-epoch estimation: statistics pass, then ``refresh_fn`` per network.
-
-    The statistics pass is an eval-mode forward over the training pairs in batches of the
-    training size, in a fresh shuffle each epoch (in-batch quantities such as a loss
-    against the other pairs, or a ``B``-class evidence, then mean what they mean in
-    training); the results are scattered back to index order and replicated.
-    """
-
-    def __init__(self, graphdef, method, pairs, mesh, config, num_epochs):
-        self._method = method
-        self._pairs = pairs
-        self._mesh = mesh
-        self._config = config
-        self._num_epochs = num_epochs
-        if method.stats_fn is not None:
-
-            def stats(model, batch, memory_state):
-                outputs = method.forward_fn(
-                    model, batch, memory_state, train=False, rngs=None, phase=-1
-                )
-                return method.stats_fn(outputs, batch)
-
-            self._stats = jax.jit(step_lib.make_forward(graphdef, stats))
-            self._scatter = jax.jit(
-                _scatter_stats, donate_argnums=0, out_shardings=mesh_lib.replicated(mesh)
-            )
-
-    def _collect_stats(self, state, epoch: int):
-        cfg, n = self._config, self._pairs.num_records
-        seed = int(np.random.SeedSequence([cfg.seed, 2, epoch]).generate_state(1)[0])
-        buffers = None
-        for batch in pipeline.batches(
-            self._pairs.record_fn,
-            n,
-            batch_size=cfg.train.batch_size,
-            seed=seed,
-            num_threads=cfg.data.num_threads,
-        ):
-            device_batch = pipeline.to_device(batch, mesh_lib.batch_sharding(self._mesh))
-            values = self._stats(state.params, state.model_state, device_batch, state.memory.state)
-            if buffers is None:
-                buffers = jax.tree.map(
-                    lambda v: jnp.zeros((v.shape[0], n, *v.shape[2:]), v.dtype), values
-                )
-            buffers = self._scatter(buffers, device_batch["index"], values)
-        return buffers
-
-    def _fetch(self, indices) -> dict[str, jax.Array]:
-        records = [self._pairs.record_fn(int(i)) for i in np.asarray(indices)]
-        stacked = {k: np.stack([r[k] for r in records]) for k in records[0]}
-        return mesh_lib.replicate(stacked, self._mesh)
-
-    def __call__(self, state, epoch: int):
-        method = self._method
-        if method.refresh_fn is None:
-            return state, {}
-        stats = self._collect_stats(state, epoch) if method.stats_fn is not None else None
-        num_networks = jax.tree.leaves(state.params)[0].shape[0]
-        key = jax.random.fold_in(jax.random.fold_in(state.rng, step_lib.REFRESH_STREAM), epoch)
-        memories, diagnostics = [], {}
-        for k in range(num_networks):
-            ctx = RefreshContext(
-                epoch=epoch,
-                num_epochs=self._num_epochs,
-                network=k,
-                rng=jax.random.fold_in(key, k),
-                fetch=self._fetch,
-            )
-            memory, diag = method.refresh_fn(
-                state_lib.network(state.memory, k),
-                None if stats is None else state_lib.network(stats, k),
-                ctx,
-            )
-            memories.append(memory)
-            suffix = f"_net{k}" if num_networks > 1 else ""
-            diagnostics.update({f"{name}{suffix}": float(v) for name, v in diag.items()})
-        memory = mesh_lib.replicate(state_lib.stack(memories), self._mesh)
-        return state._replace(memory=memory), diagnostics

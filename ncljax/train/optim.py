@@ -1,45 +1,71 @@
-"""Optimiser and learning-rate schedules from the ``optim`` config section."""
+"""Optimiser and learning-rate schedules from the ``optim`` config section.
+
+The learning rate is a function of the *epoch*, not of the step: epochs may differ in
+length (NCR's co-training epoch is one pass over a clean set whose size changes every
+epoch) and a method's plan names the epoch the schedule reads (e.g. epochs since the end
+of a warm-up). The optimiser is wrapped in ``optax.inject_hyperparams`` so its state holds
+the learning rate, which the trainer sets before each epoch with ``set_learning_rate``.
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
+SCHEDULES = ("constant", "step", "cosine")
 
-def learning_rate_schedule(cfg, *, steps_per_epoch: int, num_epochs: int) -> optax.Schedule:
-    """Per-epoch learning rate as a function of the step.
+
+def learning_rate_schedule(cfg, *, num_epochs: int) -> optax.Schedule:
+    """The learning rate as a function of the epoch (an optax schedule over epochs).
 
     ``constant``: ``lr``. ``step``: ``lr * decay_factor ** floor(epoch / decay_every)``
-    (NCR/GSC/PC2 step decay). ``cosine``: ``lr * (1 + cos(pi * epoch / num_epochs)) / 2``,
-    stepped once per epoch like PyTorch's ``CosineAnnealingLR`` (MRL/UOT-RCL).
+    (NCR/GSC/PC2 step decay; ``optax.exponential_decay`` with ``staircase``). ``cosine``:
+    ``lr * (1 + cos(pi * epoch / num_epochs)) / 2`` (PyTorch's ``CosineAnnealingLR``
+    stepped once per epoch, as MRL/UOT-RCL; ``optax.cosine_decay_schedule``).
     """
     lr = cfg.learning_rate
-
-    def epoch_of(step):
-        return jnp.asarray(step) // steps_per_epoch
-
     if cfg.schedule == "constant":
         return optax.constant_schedule(lr)
     if cfg.schedule == "step":
-        return lambda step: lr * cfg.decay_factor ** (epoch_of(step) // cfg.decay_every)
-    if cfg.schedule == "cosine":
-        return lambda step: lr * 0.5 * (1 + jnp.cos(jnp.pi * epoch_of(step) / num_epochs))
-    raise ValueError(
-        f"optim.schedule must be 'constant', 'step' or 'cosine', got {cfg.schedule!r}."
-    )
-
-
-def make_optimizer(cfg, *, steps_per_epoch: int, num_epochs: int) -> optax.GradientTransformation:
-    """Adam/AdamW with optional global-norm clipping (``grad_clip > 0``)."""
-    schedule = learning_rate_schedule(cfg, steps_per_epoch=steps_per_epoch, num_epochs=num_epochs)
-    if cfg.name == "adam":
-        opt = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
-    elif cfg.name == "adamw":
-        opt = optax.adamw(
-            schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+        return optax.exponential_decay(
+            lr, transition_steps=cfg.decay_every, decay_rate=cfg.decay_factor, staircase=True
         )
-    else:
+    if cfg.schedule == "cosine":
+        return optax.cosine_decay_schedule(lr, decay_steps=num_epochs)
+    raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}.")
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+    """Adam/AdamW with optional global-norm clipping (``grad_clip > 0``), whose learning
+    rate lives in its state (``optax.inject_hyperparams``; set it with
+    ``set_learning_rate``). It starts at ``cfg.learning_rate``."""
+    if cfg.name not in ("adam", "adamw"):
         raise ValueError(f"optim.name must be 'adam' or 'adamw', got {cfg.name!r}.")
-    if cfg.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
-    return opt
+
+    def build(learning_rate):
+        if cfg.name == "adam":
+            opt = optax.adam(learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+        else:
+            opt = optax.adamw(
+                learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+            )
+        if cfg.grad_clip > 0:
+            return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
+        return opt
+
+    return optax.inject_hyperparams(build)(learning_rate=cfg.learning_rate)
+
+
+def set_learning_rate(opt_state, value: float):
+    """``opt_state`` (of ``make_optimizer``, leaves ``[K, ...]``) with learning rate ``value``."""
+    current = opt_state.hyperparams["learning_rate"]
+    new = jnp.full(current.shape, value, current.dtype)
+    if isinstance(current, jax.Array) and hasattr(current, "sharding"):
+        new = jax.device_put(new, current.sharding)
+    return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": new})
+
+
+def learning_rate(opt_state) -> float:
+    """The learning rate held in ``opt_state`` (network 0's)."""
+    return float(jnp.ravel(opt_state.hyperparams["learning_rate"])[0])

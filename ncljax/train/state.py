@@ -22,7 +22,8 @@ class TrainState(NamedTuple):
     dual networks are one pytree run with ``jax.vmap``.
 
     Attributes:
-      step: global step, int32 scalar.
+      step: global step, int32 scalar (one step may make several optimiser updates).
+      epoch: the epoch being trained, int32 scalar (``LossContext.epoch``).
       params: model parameters as a pure dict, leaves ``[K, ...]``.
       model_state: the model's other variables (BatchNorm statistics), leaves ``[K, ...]``.
       opt_state: optimiser state, leaves ``[K, ...]``.
@@ -33,6 +34,7 @@ class TrainState(NamedTuple):
     """
 
     step: jax.Array
+    epoch: jax.Array
     params: PyTree
     model_state: PyTree
     opt_state: PyTree
@@ -87,6 +89,7 @@ def create(
     graphdef, params, model_state = init_networks(model_fn, num_networks, init_key)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
+        epoch=jnp.zeros((), jnp.int32),
         params=params,
         model_state=model_state,
         opt_state=jax.vmap(tx.init)(params),
@@ -97,6 +100,11 @@ def create(
     return graphdef, state
 
 
-def network(tree: PyTree, k: int) -> PyTree:
-    """Network ``k``'s slice of a stacked pytree."""
-    return jax.tree.map(lambda x: x[k], tree)
+def network(tree: PyTree, k: int | jax.Array) -> PyTree:
+    """Network ``k``'s slice of a stacked pytree (``k`` may be traced)."""
+    return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, k, keepdims=False), tree)
+
+
+def set_network(tree: PyTree, k: int | jax.Array, value: PyTree) -> PyTree:
+    """``tree`` with network ``k``'s slice replaced by ``value``; the others untouched."""
+    return jax.tree.map(lambda x, v: jax.lax.dynamic_update_index_in_dim(x, v, k, 0), tree, value)

@@ -1,17 +1,29 @@
 """The jitted train step and the evaluation-mode forward functions.
 
-``make_train_step`` composes a method's pure functions into ``train_step(state, batch)``:
-gather per-sample memory rows, forward every network (``jax.vmap`` over the leading
-network axis), per-example losses masked and averaged over the *global* batch, one
-optimiser update per network, scatter memory rows, and ``(sum, count)`` metrics. A step
-whose inputs, loss or gradients are not finite leaves the state unchanged and records its step in
-``state.nonfinite_step``; the host checks it on log steps and stops the run.
+``make_train_step`` composes a method's pure functions into ``train_step(state, batches,
+spec, clean, network)``. ``spec`` (static) says how the step runs:
+
+* together (``spec.in_turn=False``): every network steps on the same batches under
+  ``jax.vmap`` over the leading network axis, its peer being the next network;
+* in turn (``spec.in_turn=True``): only network ``network`` (traced, so one compilation
+  serves every network) is sliced out and steps; its peer is frozen and every other
+  network's parameters, statistics, optimiser state and memory are left bit-identical.
+
+Per network: the method's optional no-grad ``prepare_fn`` (eval mode, shared by the
+updates), then ``spec.updates`` sequential optimiser updates, update ``u`` on batch
+``batches[spec.updates[u]]`` from the parameters the previous update produced: gather
+memory rows, forward, per-example losses masked and reduced over the *global* batch, one
+optimiser update, scatter memory rows. An update whose batch holds no real pair moves
+nothing. A step whose inputs, losses or gradients are not finite leaves the state
+unchanged but for its step counter and records its step in ``state.nonfinite_step``;
+the host checks it on log steps and stops the run. Metrics are ``(sum, count)`` pairs.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +31,25 @@ import optax
 from flax import nnx
 
 from ncljax.methods.base import LossContext, Memory, Method
+from ncljax.train import state as state_lib
 from ncljax.train.state import TrainState
 
 Metrics = dict[str, jax.Array]  # name -> [2] (sum, count)
 TRAIN_STREAM, REFRESH_STREAM = 0, 1  # fold_in(state.rng, stream): disjoint key streams
+
+
+class StepSpec(NamedTuple):
+    """The static shape of a step (from the epoch's ``EpochPlan``).
+
+    Attributes:
+      phase: the method's phase.
+      updates: the batch (index into the step's batches) of each sequential update.
+      in_turn: one network steps (``network``) while the others stay frozen.
+    """
+
+    phase: int = 0
+    updates: tuple[int, ...] = (0,)
+    in_turn: bool = False
 
 
 def _finite(tree) -> jax.Array:
@@ -35,17 +62,17 @@ def _finite(tree) -> jax.Array:
 
 
 def _gather_rows(samples: dict, index: jax.Array) -> dict:
-    """Rows ``[K, B, ...]`` of ``[K, N, ...]`` memory; padding indices (``N``) are clipped."""
-    return jax.tree.map(lambda m: jnp.take(m, index, axis=1, mode="clip"), samples)
+    """Rows ``[B, ...]`` of ``[N, ...]`` memory; padding indices (``N``) are clipped."""
+    return jax.tree.map(lambda m: jnp.take(m, index, axis=0, mode="clip"), samples)
 
 
 def _scatter_rows(samples: dict, index: jax.Array, rows: dict) -> dict:
-    """Writes ``rows`` ``[K, B, ...]`` at ``index``; out-of-range (padding) indices are dropped."""
+    """Writes ``rows`` ``[B, ...]`` at ``index``; out-of-range (padding) indices are dropped."""
     out = dict(samples)
     for name, value in rows.items():
         if name not in out:
             raise KeyError(f"loss_fn wrote memory row {name!r}, absent from init_memory.")
-        out[name] = out[name].at[:, index].set(value.astype(out[name].dtype), mode="drop")
+        out[name] = out[name].at[index].set(value.astype(out[name].dtype), mode="drop")
     return out
 
 
@@ -56,22 +83,47 @@ def masked_metric(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _valid_rows(tree, mask: jax.Array):
-    """Rows ``[K, B, ...]`` with the padding entries zeroed (their writes are dropped)."""
+    """Rows ``[B, ...]`` with the padding entries zeroed (their writes are dropped)."""
 
     def zero(x):
-        return jnp.where(mask.reshape((1, -1) + (1,) * (x.ndim - 2)), x, jnp.zeros_like(x))
+        return jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros_like(x))
 
     return jax.tree.map(zero, tree)
 
 
-def noise_detection_metrics(estimate: jax.Array, clean: jax.Array, mask: jax.Array) -> Metrics:
+def noise_detection_metrics(
+    estimate: jax.Array, clean: jax.Array, mask: jax.Array, suffix: str = ""
+) -> Metrics:
     """Streaming precision/recall of ``estimate > 0.5`` against the true mask (logs only)."""
     selected = estimate > 0.5
     hits = (selected & clean).astype(jnp.float32)
     return {
-        "step_noise_precision": masked_metric(hits, mask & selected),
-        "step_noise_recall": masked_metric(hits, mask & clean),
+        f"step_noise_precision{suffix}": masked_metric(hits, mask & selected),
+        f"step_noise_recall{suffix}": masked_metric(hits, mask & clean),
     }
+
+
+def _diagnostic_metrics(aux: dict, batch: dict, clean: jax.Array) -> Metrics:
+    """The method's per-pair clean estimates and loss weights scored against the truth."""
+    index, mask = batch["index"], batch["mask"]
+    truth = jnp.take(clean, index, mode="clip")
+    metrics = {}
+    if "clean_estimate" in aux:
+        metrics |= noise_detection_metrics(aux["clean_estimate"], truth, mask)
+    for name, estimate in aux.get("clean_estimates", {}).items():
+        metrics |= noise_detection_metrics(estimate, truth, mask, f"_{name}")
+    if "loss_weight" in aux:
+        weight = jnp.where(mask, aux["loss_weight"], 0.0)
+        noisy = jnp.where(truth, 0.0, weight).sum()
+        metrics["noisy_weight_share"] = jnp.stack([noisy, weight.sum()])
+    return metrics
+
+
+def _reduce(per_example: jax.Array, mask: jax.Array, reduction: str) -> jax.Array:
+    total = jnp.where(mask, per_example, 0.0).sum()
+    if reduction == "sum":
+        return total
+    return total / jnp.maximum(mask.sum(), 1)
 
 
 def make_train_step(
@@ -80,16 +132,22 @@ def make_train_step(
     tx: optax.GradientTransformation,
     *,
     num_samples: int,
-    steps_per_epoch: int,
-) -> Callable[[TrainState, dict, int], tuple[TrainState, Metrics]]:
-    """Returns ``train_step(state, batch, phase, clean) -> (state, metrics)`` (not jitted).
+) -> Callable[..., tuple[TrainState, Metrics]]:
+    """Returns ``train_step(state, batches, spec, clean=None, network=0)`` (not jitted).
 
-    ``phase`` is static (``method.plan_fn``); jit with ``static_argnums=2``. ``clean`` is
-    the true clean mask ``[N]`` (or ``None``): it only scores ``aux['clean_estimate']``
-    for the logs and never reaches the method.
+    ``batches`` is a batch dict or a tuple of them (main, auxiliary); ``spec`` a static
+    ``StepSpec`` (or a phase ``int``); jit with ``static_argnums=2``. ``clean`` is the true
+    clean mask ``[N]`` (or ``None``): it only scores the method's clean estimates for
+    the logs and never reaches the method. ``network`` (traced int32) is the training
+    network of an in-turn step.
     """
+    if method.loss_reduction not in ("mean", "sum"):
+        raise ValueError(
+            f"Method {method.name!r} has loss_reduction={method.loss_reduction!r}; "
+            "use 'mean' or 'sum'."
+        )
 
-    def net_loss(params, model_state, rows, peer_rows, memory_state, key, network, batch, ctx):
+    def net_loss(params, model_state, rows, peer_rows, memory_state, key, batch, ctx):
         model = nnx.merge(graphdef, params, model_state)
         dropout_key, loss_key = jax.random.split(key)
         outputs = method.forward_fn(
@@ -100,49 +158,104 @@ def make_train_step(
             rngs=nnx.Rngs(dropout=dropout_key),
             phase=ctx.phase,
         )
-        ctx = ctx._replace(network=network, rng=loss_key)
-        per_example, aux = method.loss_fn(outputs, batch, rows, peer_rows, ctx)
-        mask = batch["mask"]
-        loss = jnp.where(mask, per_example, 0.0).sum() / jnp.maximum(mask.sum(), 1)
+        per_example, aux = method.loss_fn(
+            outputs, batch, rows, peer_rows, ctx._replace(rng=loss_key)
+        )
+        loss = _reduce(per_example, batch["mask"], method.loss_reduction)
         _, _, new_model_state = nnx.split(model, nnx.Param, ...)
         return loss, (per_example, aux, nnx.to_pure_dict(new_model_state))
 
+    def prepare(params, model_state, peer_params, peer_model_state, batches, ctx):
+        if method.prepare_fn is None:
+            return None
+        model = nnx.merge(graphdef, params, model_state)
+        peer = nnx.merge(graphdef, peer_params, peer_model_state)
+        return jax.lax.stop_gradient(method.prepare_fn(model, peer, batches, ctx))
+
+    def network_step(net, peer, key, network, batches, spec, ctx, clean):
+        """One network's updates. ``net``: (params, model_state, opt_state, samples,
+        memory_state); ``peer``: (params, model_state, samples) of its peer."""
+        params, model_state, opt_state, samples, memory_state = net
+        peer_params, peer_model_state, peer_samples = peer
+        ctx = ctx._replace(network=network)
+        ctx = ctx._replace(
+            prepared=prepare(params, model_state, peer_params, peer_model_state, batches, ctx)
+        )
+        ok, metrics = jnp.array(True), {}
+        for u, stream in enumerate(spec.updates):
+            batch = batches[stream]
+            index, mask = batch["index"], batch["mask"]
+            grad_fn = jax.value_and_grad(net_loss, has_aux=True)
+            (loss, (per_example, aux, new_model_state)), grads = grad_fn(
+                params,
+                model_state,
+                _gather_rows(samples, index),
+                _gather_rows(peer_samples, index),
+                memory_state,
+                key if u == 0 else jax.random.fold_in(key, u),
+                batch,
+                ctx._replace(update=u),
+            )
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            written = _valid_rows(aux.get("memory", {}), mask)
+            ok &= _finite(batch) & jnp.isfinite(loss) & _finite(grads) & _finite(written)
+            # A zero-gradient Adam step still moves the parameters: no real pair, no step.
+            real = mask.any()
+            moved = lambda new, old, real=real: jax.tree.map(
+                lambda a, b: jnp.where(real, a, b), new, old
+            )
+            params = moved(new_params, params)
+            model_state = moved(new_model_state, model_state)
+            opt_state = moved(new_opt_state, opt_state)
+            if written:
+                samples = _scatter_rows(samples, jnp.where(mask, index, num_samples), written)
+            step_metrics = {"loss": masked_metric(per_example, mask)}
+            for name, values in aux.get("metrics", {}).items():
+                step_metrics[name] = masked_metric(values, mask)
+            if clean is not None:
+                step_metrics |= _diagnostic_metrics(aux, batch, clean)
+            for name, value in step_metrics.items():
+                metrics[f"{name}_update{u}" if name in metrics else name] = value
+        return (params, model_state, opt_state, samples), ok, metrics
+
     def train_step(
-        state: TrainState, batch: dict, phase: int, clean: jax.Array | None = None
+        state: TrainState,
+        batches,
+        spec: StepSpec | int,
+        clean: jax.Array | None = None,
+        network: jax.Array | int = 0,
     ) -> tuple[TrainState, Metrics]:
+        spec = spec if isinstance(spec, StepSpec) else StepSpec(phase=int(spec))
+        batches = (batches,) if isinstance(batches, dict) else tuple(batches)
         num_networks = jax.tree.leaves(state.params)[0].shape[0]
         key = jax.random.fold_in(jax.random.fold_in(state.rng, TRAIN_STREAM), state.step)
-        index, mask = batch["index"], batch["mask"]
-        rows = _gather_rows(state.memory.samples, index)
-        peer_rows = jax.tree.map(lambda x: jnp.roll(x, 1, axis=0), rows)
+        keys = jax.random.split(key, num_networks)
         ctx = LossContext(
             step=state.step,
-            epoch=state.step // steps_per_epoch,
-            phase=phase,
+            epoch=state.epoch,
+            phase=spec.phase,
             num_samples=num_samples,
             network=jnp.zeros((), jnp.int32),
             rng=key,
         )
-        grad_fn = jax.value_and_grad(
-            functools.partial(net_loss, batch=batch, ctx=ctx), has_aux=True
-        )
-        (loss, (per_example, aux, model_state)), grads = jax.vmap(grad_fn)(
-            state.params,
-            state.model_state,
-            rows,
-            peer_rows,
-            state.memory.state,
-            jax.random.split(key, num_networks),
-            jnp.arange(num_networks),
-        )
-        updates, opt_state = jax.vmap(tx.update)(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         samples = state.memory.samples
-        written = _valid_rows(aux.get("memory", {}), mask)
-        if written:
-            samples = _scatter_rows(samples, jnp.where(mask, index, num_samples), written)
-        # A non-finite step changes nothing but the step counter and the record of it.
-        ok = _finite(batch) & jnp.isfinite(loss).all() & _finite(grads) & _finite(written)
+        net = (state.params, state.model_state, state.opt_state, samples, state.memory.state)
+        step_fn = functools.partial(network_step, batches=batches, spec=spec, ctx=ctx, clean=clean)
+        if spec.in_turn:
+            k = jnp.asarray(network, jnp.int32)
+            peer_k = (k + 1) % num_networks
+            peer = state_lib.network((state.params, state.model_state, samples), peer_k)
+            new_k, ok, metrics = step_fn(state_lib.network(net, k), peer, keys[k], k)
+            params, model_state, opt_state, samples = state_lib.set_network(net[:4], k, new_k)
+        else:
+            roll = lambda tree: jax.tree.map(lambda x: jnp.roll(x, 1, axis=0), tree)
+            peer = roll((state.params, state.model_state, samples))
+            (params, model_state, opt_state, samples), ok, metrics = jax.vmap(step_fn)(
+                net, peer, keys, jnp.arange(num_networks)
+            )
+            ok = ok.all()
+            metrics = jax.tree.map(lambda m: m.sum(0), metrics)
 
         def keep(updated, old):
             return jax.tree.map(lambda a, b: jnp.where(ok, a, b), updated, old)
@@ -157,12 +270,6 @@ def make_train_step(
                 ok | (state.nonfinite_step >= 0), state.nonfinite_step, state.step
             ),
         )
-        metrics = {"loss": masked_metric(per_example, mask)}
-        for name, values in aux.get("metrics", {}).items():
-            metrics[name] = masked_metric(values, mask)
-        if clean is not None and "clean_estimate" in aux:
-            truth = jnp.broadcast_to(jnp.take(clean, index, mode="clip"), per_example.shape)
-            metrics |= noise_detection_metrics(aux["clean_estimate"], truth, mask)
         return new, metrics
 
     return train_step

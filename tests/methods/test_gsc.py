@@ -160,7 +160,7 @@ def _setup(info, method, *, num_devices, head="cosine", labels=None):
         samples = dict(state.memory.samples, labels=jnp.asarray(labels, jnp.float32))
         state = state._replace(memory=base.Memory(samples, state.memory.state))
     state = jax.device_put(state, mesh_lib.replicated(mesh))
-    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=N, steps_per_epoch=1)
+    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=N)
     return mesh, state, jax.jit(fn, static_argnums=2)
 
 

@@ -283,7 +283,7 @@ def _train_setup(info, method, memory, *, num_devices, n=40):
         seed=0,
     )
     state = jax.device_put(state, mesh_lib.replicated(mesh))
-    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=n, steps_per_epoch=2)
+    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=n)
     return mesh, state, jax.jit(fn, static_argnums=2)
 
 

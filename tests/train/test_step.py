@@ -47,7 +47,7 @@ def _setup(info, method, *, num_devices, num_samples=40, seed=0, tx=None):
         seed=seed,
     )
     state = jax.device_put(state, mesh_lib.replicated(mesh))
-    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=num_samples, steps_per_epoch=2)
+    fn = step_lib.make_train_step(graphdef, method, tx, num_samples=num_samples)
     return mesh, state, jax.jit(fn, static_argnums=2)
 
 
@@ -240,7 +240,7 @@ def test_networks_draw_different_dropout_keys(data):
     twin = jax.tree.map(lambda x: jnp.stack([x[0], x[0]]), state.params)
     state = state._replace(params=twin, opt_state=jax.vmap(tx.init)(twin))
     step = jax.jit(
-        step_lib.make_train_step(graphdef, dual, tx, num_samples=40, steps_per_epoch=2),
+        step_lib.make_train_step(graphdef, dual, tx, num_samples=40),
         static_argnums=2,
     )
     with jax.set_mesh(mesh):
