@@ -28,6 +28,13 @@ from ncljax.labels.gsc import (
     gsc_intra_modal_score,
     gsc_update_labels,
 )
+from ncljax.labels.ncr import (
+    LossDivision,
+    correspondence_prediction,
+    loss_division,
+    rectified_labels,
+    split_clean,
+)
 from ncljax.labels.ot import (
     PartialOTOutput,
     RelationPlan,
@@ -40,10 +47,12 @@ __all__ = [
     "ConfidentSet",
     "GSCLabels",
     "GaussianMixture1D",
+    "LossDivision",
     "PartialOTOutput",
     "RelationPlan",
     "confident_set",
     "consistent_cost",
+    "correspondence_prediction",
     "ema_update",
     "fit_gmm_1d",
     "gmm_posteriors",
@@ -55,13 +64,16 @@ __all__ = [
     "jensen_shannon",
     "jensen_shannon_pairwise",
     "knn_cosine",
+    "loss_division",
     "low_mean_posterior",
     "mass_schedule",
     "minmax_normalize",
     "modal_consistency",
     "partial_ot_labels",
     "random_confident_set",
+    "rectified_labels",
     "relation_plan",
     "relation_scores",
+    "split_clean",
     "update_targets",
 ]

@@ -6,7 +6,13 @@ from ncljax.losses.classification import (
     soft_cross_entropy,
 )
 from ncljax.losses.contrastive import info_nce, symmetric_info_nce
-from ncljax.losses.ranking import hinge_costs, triplet_hardest, triplet_sum
+from ncljax.losses.ranking import (
+    hinge_costs,
+    soft_margin,
+    triplet_hardest,
+    triplet_mean,
+    triplet_sum,
+)
 from ncljax.losses.structure import (
     gsc_cross_modal_loss,
     gsc_intra_modal_loss,
@@ -24,7 +30,9 @@ __all__ = [
     "prototype_cross_entropy",
     "prototype_logits",
     "soft_cross_entropy",
+    "soft_margin",
     "symmetric_info_nce",
     "triplet_hardest",
+    "triplet_mean",
     "triplet_sum",
 ]

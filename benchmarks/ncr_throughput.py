@@ -1,0 +1,165 @@
+r"""NCR throughput: the co-training step with the SGR head, and whole epochs on synthetic data.
+
+  python benchmarks/ncr_throughput.py step --phase=2 --batch=128      # clean + noisy updates
+  python benchmarks/ncr_throughput.py step --phase=1 --batch=128      # clean update only
+  python benchmarks/ncr_throughput.py step --phase=0 --batch=128      # warm-up step
+  python benchmarks/ncr_throughput.py epoch --config=ncr              # also: gsc, vse
+
+``step``: real Flickr30K shapes with random inputs (36 x 2048 regions, 300-d words, Bi-GRU
+1024, similarity vectors 256, 3 SGR steps, captions of ``--length`` tokens with valid
+lengths between half of it and all of it), the library's jitted in-turn step of network 0
+against its frozen peer (Adam 2e-4, clipping 2.0). Phase 2 is NCR's co-training step
+after ``noisy_start_epoch``: a no-grad eval-mode pass (the network on the clean and the
+noisy batch, the peer on the noisy batch) then two sequential updates (clean, then
+noisy); phase 1 makes the clean update only (and skips the noisy predictions); phase 0 is
+the warm-up step. Median pairs/s (pairs of the clean batch per step) over ``--repeats``
+steps after a compiling warm-up, and the process's peak RSS.
+
+``epoch``: wall time of whole epochs of ``train_and_evaluate`` on the embedded synthetic
+data (20,000 pairs, 40% per-caption noise, region encoder + Bi-GRU + cosine head, batch
+128): ``ncr`` (no warm-up, the noisy update from the first epoch: co-divide pass of both
+networks, then each network's pass over its peer's clean set), ``gsc`` (GSC+, both
+networks together under vmap) and ``vse`` (one network). Time from the start of the run
+to the end of each epoch's validation (``callbacks``); the first epoch includes
+compilation, so the second is the figure.
+"""
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+from _common import machine, set_cpu_devices, timed
+
+set_cpu_devices(sys.argv)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from ncljax import methods  # noqa: E402
+from ncljax.methods import InitContext, Memory, ncr  # noqa: E402
+from ncljax.models import sgraf  # noqa: E402
+from ncljax.train import mesh as mesh_lib  # noqa: E402
+from ncljax.train import state as state_lib  # noqa: E402
+from ncljax.train import step as step_lib  # noqa: E402
+
+VOCAB = 8481  # Flickr30K's NCR vocabulary
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def random_batch(rng, n, length, offset=0):
+    lengths = rng.integers(max(length // 2, 1), length + 1, size=n)
+    tokens = rng.integers(4, VOCAB, size=(n, length)) * (np.arange(length) < lengths[:, None])
+    return {
+        "regions": rng.normal(size=(n, 36, 2048)).astype(np.float32),
+        "tokens": tokens.astype(np.int32),
+        "length": lengths.astype(np.int32),
+        "index": np.arange(offset, offset + n, dtype=np.int32),
+        "mask": np.ones(n, bool),
+    }
+
+
+def step(args):
+    rng = np.random.default_rng(0)
+    method = methods.build_method("ncr")
+    tx = optax.chain(optax.clip_by_global_norm(2.0), optax.adam(2e-4))
+    n = 2 * args.batch
+    graphdef, state = state_lib.create(
+        model_fn=lambda rngs: sgraf.SGRAFModel(
+            2048, VOCAB, chunk=args.chunk, remat=args.remat, rngs=rngs
+        ),
+        tx=tx,
+        memory=method.init_memory(InitContext(n, None, None, None)),
+        num_networks=2,
+        seed=0,
+    )
+    samples = dict(state.memory.samples, prob=rng.uniform(0.5, 1.0, (2, n)).astype(np.float32))
+    state = state._replace(memory=Memory(samples, state.memory.state))
+    mesh = mesh_lib.make_mesh(0)
+    state = mesh_lib.replicate(state, mesh)
+    sharding = mesh_lib.batch_sharding(mesh)
+    clean = jax.device_put(random_batch(rng, args.batch, args.length), sharding)
+    noisy = jax.device_put(random_batch(rng, args.batch, args.length, args.batch), sharding)
+    train_step = jax.jit(
+        step_lib.make_train_step(graphdef, method, tx, num_samples=n),
+        static_argnums=2,
+        donate_argnums=0,
+    )
+    updates = (0, 1) if args.phase == ncr.CLEAN_NOISY else (0,)
+    spec = step_lib.StepSpec(phase=args.phase, updates=updates, in_turn=True)
+    holder = [state]
+
+    def run():
+        holder[0], metrics = train_step(holder[0], (clean, noisy), spec, None, np.int32(0))
+        jax.block_until_ready(metrics)
+
+    with jax.set_mesh(mesh):
+        times = timed(run, warmup=1, repeats=args.repeats)
+    t = statistics.median(times)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"step phase={args.phase} updates={len(updates)} batch={args.batch} "
+        f"length={args.length}: {t:.2f} s/step median ({min(times):.2f}-{max(times):.2f}), "
+        f"{args.batch / t:.1f} pairs/s, peak RSS {rss:.1f} GiB"
+    )
+
+
+def epoch(args):
+    import importlib.util
+
+    from ncljax.train import train_and_evaluate
+
+    def load(name, arg=""):
+        path = os.path.join(ROOT, "configs", f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.get_config(arg) if arg else module.get_config()
+
+    if args.config == "ncr":
+        config = load("ncr", "synthetic")
+        config.method_kwargs.warmup_epochs = 0
+        config.method_kwargs.noisy_start_epoch = 0
+    else:
+        config = load(f"{args.config}_synthetic")
+    config.train.epochs = args.epochs
+    config.train.progress_bar = False
+    config.train.num_devices = 1
+    stamps = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir:
+        train_and_evaluate(
+            config,
+            workdir,
+            callbacks=[lambda e, val: stamps.append(time.perf_counter() - start)],
+        )
+    per_epoch = np.diff([0.0, *stamps])
+    print(
+        f"epoch config={args.config} epochs={args.epochs}: "
+        + ", ".join(f"epoch {e}: {t:.1f} s" for e, t in enumerate(per_epoch))
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["step", "epoch"])
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--phase", type=int, default=ncr.CLEAN_NOISY)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--length", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=16)
+    parser.add_argument("--no-remat", dest="remat", action="store_false")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--config", default="ncr", choices=["ncr", "gsc", "vse"])
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    print(f"# {machine()}")
+    {"step": step, "epoch": epoch}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
