@@ -1,4 +1,4 @@
-"""The shipped real-benchmark configs of GSC and UOT-RCL train on files in the released
+"""The shipped real-benchmark configs of GSC, NCR and UOT-RCL train on files in the released
 layouts (tiny fixtures written by the data tests' helpers), model sizes shrunk."""
 
 import importlib.util
@@ -72,3 +72,21 @@ def test_uot_configs_train_on_mrl_files(tmp_path, name):
     results = _small_run(config, tmp_path, batch=12)
     assert config.method == "uot_rcl"
     assert 0 < results["map_i2t"] <= 1 and 0 < results["map_t2i"] <= 1
+
+
+@pytest.mark.parametrize(
+    "dataset", ["f30k", pytest.param("coco", marks=SLOW), pytest.param("cc152k", marks=SLOW)]
+)
+def test_ncr_configs_train_on_precomp_files(tmp_path, dataset):
+    """One co-training epoch at once (the quick preset): co-divide, both networks in turn
+    on their peer's division, the clean and the noisy update, through the SGR head."""
+    write_release(str(tmp_path / "manual"), dataset)
+    config = load_config("ncr", f"{dataset},quick")
+    config.data.val_images = 0
+    config.eval.coco_5fold = False
+    m = config.model
+    m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
+    results = _small_run(config, tmp_path, batch=4)
+    assert config.method == "ncr" and config.model.head == "sgr"
+    assert config.method_kwargs.num_networks == 2
+    assert all(math.isfinite(results[k]) for k in ("i2t_r1", "t2i_r1", "rsum"))
