@@ -222,7 +222,8 @@ def intra_similarities(model, outputs: dict, *, rngs=None, recompute: bool = Tru
             heads.cosine_similarity(text["emb"], text["emb"]),
         )
     if recompute:
-        image = dict(image, glob=model.visual_sa(image["regions"], train=True, rngs=rngs))
+        glob = model.visual_sa(image["regions"], train=True, rngs=rngs, mask=image.get("valid"))
+        image = dict(image, glob=glob)
         text = dict(text, glob=model.text_sa(text["words"], text["mask"], train=True, rngs=rngs))
     return model.image_similarity(image, train=True), model.text_similarity(text, train=True)
 

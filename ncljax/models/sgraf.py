@@ -47,7 +47,10 @@ class TorchBatchNorm(nnx.Module):
 
     Normalises with the biased batch variance; the running variance is updated with the
     unbiased one, momentum 0.1, epsilon 1e-5. ``axis`` is the channel axis; statistics run
-    over all other axes.
+    over all other axes. With a ``mask`` over the batch (axis 0) in training, statistics
+    use the valid rows only (padding rows are normalised with them but count nowhere); with
+    fewer than two valid rows the layer is the identity and keeps its statistics (PyTorch
+    refuses such a batch; the official SGRAF code skips BatchNorm for a batch of one).
     """
 
     def __init__(self, num_features: int, *, axis: int = -1, momentum: float = 0.1):
@@ -64,20 +67,38 @@ class TorchBatchNorm(nnx.Module):
         shape[self.axis] = v.shape[0]
         return v.reshape(shape)
 
-    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-        axis = self.axis % x.ndim
-        if train:
-            reduce = tuple(a for a in range(x.ndim) if a != axis)
-            mean, var = x.mean(reduce), x.var(reduce)
-            n = x.size // x.shape[axis]
-            m = self.momentum
-            self.mean[...] = (1 - m) * self.mean[...] + m * jax.lax.stop_gradient(mean)
-            unbiased = var * n / max(n - 1, 1)
-            self.var[...] = (1 - m) * self.var[...] + m * jax.lax.stop_gradient(unbiased)
-        else:
-            mean, var = self.mean[...], self.var[...]
+    def _normalise(self, x, mean, var):
         x = (x - self._shape(x, mean)) * jax.lax.rsqrt(self._shape(x, var) + self.epsilon)
         return x * self._shape(x, self.scale[...]) + self._shape(x, self.bias[...])
+
+    def _update(self, mean, unbiased, keep=None):
+        m = self.momentum
+        new_mean = (1 - m) * self.mean[...] + m * jax.lax.stop_gradient(mean)
+        new_var = (1 - m) * self.var[...] + m * jax.lax.stop_gradient(unbiased)
+        if keep is not None:
+            new_mean = jnp.where(keep, self.mean[...], new_mean)
+            new_var = jnp.where(keep, self.var[...], new_var)
+        self.mean[...], self.var[...] = new_mean, new_var
+
+    def __call__(self, x: jax.Array, *, train: bool, mask: jax.Array | None = None) -> jax.Array:
+        axis = self.axis % x.ndim
+        if not train:
+            return self._normalise(x, self.mean[...], self.var[...])
+        reduce = tuple(a for a in range(x.ndim) if a != axis)
+        if mask is None:
+            mean, var = x.mean(reduce), x.var(reduce)
+            n = x.size // x.shape[axis]
+            self._update(mean, var * n / max(n - 1, 1))
+            return self._normalise(x, mean, var)
+        rows = jnp.asarray(mask, bool)
+        weight = rows.astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
+        valid = rows.sum()
+        n = (valid * (x.size // (x.shape[0] * x.shape[axis]))).astype(x.dtype)
+        mean = (x * weight).sum(reduce) / jnp.maximum(n, 1)
+        var = ((x - self._shape(x, mean)) ** 2 * weight).sum(reduce) / jnp.maximum(n, 1)
+        few = valid < 2
+        self._update(mean, var * n / jnp.maximum(n - 1, 1), keep=few)
+        return jnp.where(few, x, self._normalise(x, mean, var))
 
 
 class VisualSelfAttention(nnx.Module):
@@ -91,14 +112,16 @@ class VisualSelfAttention(nnx.Module):
         self.common = _linear(dim, 1, rngs)
         self.dropout = nnx.Dropout(dropout)
 
-    def __call__(self, regions: jax.Array, *, train: bool, rngs=None) -> jax.Array:
-        """``regions`` ``[B, R, D]`` (L2-normalised) -> ``[B, D]``."""
+    def __call__(self, regions: jax.Array, *, train: bool, rngs=None, mask=None) -> jax.Array:
+        """``regions`` ``[B, R, D]`` (L2-normalised) -> ``[B, D]``; ``mask`` ``[B]`` marks the
+        real images of a padded batch (padding never enters the BatchNorm statistics)."""
         drop = lambda x: self.dropout(x, deterministic=not train, rngs=rngs)
         # The official code skips BatchNorm in training for a batch of one image.
         use_bn = not train or regions.shape[0] > 1
         local, glob = self.local(regions), self.glob(regions.mean(1))
         if use_bn:
-            local, glob = self.local_bn(local, train=train), self.glob_bn(glob, train=train)
+            local = self.local_bn(local, train=train, mask=mask)
+            glob = self.glob_bn(glob, train=train, mask=mask)
         local, glob = drop(jnp.tanh(local)), drop(jnp.tanh(glob))
         weights = jax.nn.softmax(self.common(local * glob[:, None])[..., 0], axis=1)
         return _l2((weights[..., None] * regions).sum(1))
@@ -210,18 +233,21 @@ class SimilarityHead(nnx.Module):
         mask = jnp.concatenate([jnp.ones_like(query_mask[:, :1]), query_mask], axis=1)
         return nodes, mask
 
-    def _reason(self, nodes, mask, *, train: bool):
+    def _reason(self, nodes, mask, *, train: bool, context_valid=None):
         """Raw logits ``[Q, X]``, and for SAF in training the BatchNorm statistics of each
-        query's group (the official code calls SAF once per caption, over all images)."""
+        query's group (the official code calls SAF once per caption, over all images);
+        ``context_valid`` ``[X]`` keeps padding contexts out of those statistics."""
         mask = jnp.broadcast_to(mask[:, None], nodes.shape[:3])
         if self.kind == "sgr":
             return self._graph_reasoning(nodes, mask), None
         scores = self.attn(nodes)[..., 0]  # [Q, X, N]
         bn = self.attn_bn
         if train:
-            count = mask.sum((1, 2))
-            mean = jnp.where(mask, scores, 0.0).sum((1, 2)) / count
-            var = jnp.where(mask, (scores - mean[:, None, None]) ** 2, 0.0).sum((1, 2)) / count
+            counted = mask if context_valid is None else mask & context_valid[None, :, None]
+            count = counted.sum((1, 2))
+            total = jnp.maximum(count, 1)  # a batch of padding only: no NaN, nothing counts
+            mean = jnp.where(counted, scores, 0.0).sum((1, 2)) / total
+            var = jnp.where(counted, (scores - mean[:, None, None]) ** 2, 0.0).sum((1, 2)) / total
             stats = (mean, var * count / jnp.maximum(count - 1, 1))
         else:
             mean, var, stats = bn.mean[...], bn.var[...], None
@@ -258,25 +284,31 @@ class SimilarityHead(nnx.Module):
             nodes = jax.nn.relu(update(jnp.einsum("qxnm,qxmd->qxnd", edges, nodes)))
         raise AssertionError("unreachable")
 
-    def _update_saf_statistics(self, stats) -> None:
+    def _update_saf_statistics(self, stats, valid=None) -> None:
         """Running statistics after one update per query group, in order (as the official
-        per-caption loop): ``r <- (1 - m)^G r + sum_g m (1 - m)^(G - 1 - g) s_g``."""
+        per-caption loop): ``r <- (1 - m)^G r + sum_g m (1 - m)^(G - 1 - g) s_g``, over the
+        valid groups only when ``valid`` ``[G]`` is given (padding captions do not exist)."""
         if stats is None:
             return
         bn, m = self.attn_bn, self.attn_bn.momentum
         mean, var = (jax.lax.stop_gradient(x) for x in stats)
-        groups = mean.shape[0]
-        decay = m * (1 - m) ** jnp.arange(groups - 1, -1, -1)
-        bn.mean[...] = (1 - m) ** groups * bn.mean[...] + (decay * mean).sum()
-        bn.var[...] = (1 - m) ** groups * bn.var[...] + (decay * var).sum()
+        if valid is None:
+            valid = jnp.ones(mean.shape[0], bool)
+        v = valid.astype(jnp.int32)
+        after = jnp.cumsum(v[::-1])[::-1] - v  # valid groups updated after group g
+        decay = jnp.where(valid, m * (1 - m) ** after, 0.0)
+        kept = (1 - m) ** v.sum()
+        mean, var = jnp.where(valid, mean, 0.0), jnp.where(valid, var, 0.0)
+        bn.mean[...] = kept * bn.mean[...] + (decay * mean).sum()
+        bn.var[...] = kept * bn.var[...] + (decay * var).sum()
 
-    def _pairs(self, make_nodes, queries, *, train):
+    def _pairs(self, make_nodes, queries, *, train, query_valid=None, context_valid=None):
         def chunk_logits(query):
             nodes, mask = make_nodes(query)
-            return self._reason(nodes, mask, train=train)
+            return self._reason(nodes, mask, train=train, context_valid=context_valid)
 
         logits, stats = _map_chunks(chunk_logits, queries, self.chunk, self.remat and train)
-        self._update_saf_statistics(stats)
+        self._update_saf_statistics(stats, query_valid)
         return logits
 
     def cross(self, image: dict, text: dict, *, train: bool = False) -> jax.Array:
@@ -292,7 +324,8 @@ class SimilarityHead(nnx.Module):
             attended = _attend(regions, all_regions, t["words"], t["mask"], self.smooth)
             return self._nodes(attended, t["words"], t["mask"], v_glob, t["glob"], 0.0, 0.0)
 
-        return self._pairs(make_nodes, text, train=train).T
+        valid = dict(query_valid=text.get("valid"), context_valid=image.get("valid"))
+        return self._pairs(make_nodes, _queries(text), train=train, **valid).T
 
     def image_image(self, image: dict, *, train: bool = False) -> jax.Array:
         """GSC's ``h_II(I_j, I_i)`` ``[B, B]`` (row ``j``): region-aligned, no attention."""
@@ -304,7 +337,8 @@ class SimilarityHead(nnx.Module):
                 regions[None], q["regions"], mask, v_glob, q["glob"], _INTRA_EPS, _INTRA_EPS
             )
 
-        return self._pairs(make_nodes, image, train=train).T
+        valid = dict(query_valid=image.get("valid"), context_valid=image.get("valid"))
+        return self._pairs(make_nodes, _queries(image), train=train, **valid).T
 
     def text_text(self, text: dict, *, train: bool = False) -> jax.Array:
         """GSC's ``h_TT(T_j | T_i)`` ``[B, B]`` (row ``j`` the context, column ``i`` the
@@ -317,7 +351,13 @@ class SimilarityHead(nnx.Module):
                 attended, q["words"], q["mask"], text["glob"], q["glob"], 0.0, _INTRA_EPS
             )
 
-        return self._pairs(make_nodes, text, train=train).T
+        valid = dict(query_valid=text.get("valid"), context_valid=text.get("valid"))
+        return self._pairs(make_nodes, _queries(text), train=train, **valid).T
+
+
+def _queries(tree: dict) -> dict:
+    """The per-item arrays a pairwise pass chunks over (the batch mask is not one)."""
+    return {k: v for k, v in tree.items() if k != "valid"}
 
 
 class SGRAFModel(nnx.Module):
@@ -371,13 +411,27 @@ class SGRAFModel(nnx.Module):
         self.classifier = None
 
     def encode_image(self, batch: dict, *, train: bool = False, rngs=None) -> dict:
+        """``regions``, ``glob``; in training with a batch ``mask``, also ``valid`` (the
+        real images, which alone enter the BatchNorm statistics of this and later passes)."""
         regions = _l2(self.image_fc(batch["regions"]))
-        return {"regions": regions, "glob": self.visual_sa(regions, train=train, rngs=rngs)}
+        valid = batch.get("mask") if train else None
+        out = {
+            "regions": regions,
+            "glob": self.visual_sa(regions, train=train, rngs=rngs, mask=valid),
+        }
+        if valid is not None:
+            out["valid"] = valid
+        return out
 
     def encode_text(self, batch: dict, *, train: bool = False, rngs=None) -> dict:
+        """``words``, ``mask`` (valid words), ``glob``; in training also ``valid`` (the real
+        captions of a padded batch)."""
         words, mask, _ = self.text_encoder(batch["tokens"], batch["length"], train=train, rngs=rngs)
         glob = self.text_sa(words, mask, train=train, rngs=rngs)
-        return {"words": words, "mask": mask, "glob": glob}
+        out = {"words": words, "mask": mask, "glob": glob}
+        if train and batch.get("mask") is not None:
+            out["valid"] = batch["mask"]
+        return out
 
     def _output(self, logits):
         return jax.nn.sigmoid(logits) if self.sigmoid else logits

@@ -285,3 +285,37 @@ def test_gsc_beats_vse_and_detects_the_noise_on_synthetic_data(tmp_path):
     assert gsc["rsum"] > vse["rsum"] + 100, (gsc["rsum"], vse["rsum"])
     assert gsc["noise_auc"] >= 0.9, gsc
     assert gsc["noise_precision"] >= 0.9, gsc
+
+
+@pytest.mark.parametrize("kind", ["sgr", "saf"])
+def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind):
+    """GSC's intra-modal passes (fresh VisualSA global vectors, SGRAF's image-image and
+    text-text heads) on a padded batch equal those on its real pairs alone, running
+    BatchNorm statistics included."""
+    from flax import nnx
+
+    from tests.models import test_sgraf as sgraf_tests
+
+    batch = sgraf_tests.make_batch(seed=60)
+    real = {**batch, "mask": np.ones(len(batch["length"]), bool)}
+    results = []
+    for inputs in (real, sgraf_tests.pad_batch(batch, 3)):
+        model = sgraf_tests.make_model(kind, seed=60, dropout=0.0)
+        graphdef, state = nnx.split(model)
+
+        @jax.jit
+        def passes(state, inputs, graphdef=graphdef):
+            model = nnx.merge(graphdef, state)
+            outputs = model(inputs, train=True)
+            image_sim, text_sim = gsc_lib.intra_similarities(model, outputs, recompute=True)
+            return image_sim, text_sim, nnx.state(model)
+
+        image_sim, text_sim, state = passes(state, jax.tree.map(jnp.asarray, inputs))
+        nnx.update(model, state)
+        k = len(batch["length"])
+        results.append(
+            (np.asarray(image_sim)[:k, :k], np.asarray(text_sim)[:k, :k])
+            + tuple(sgraf_tests.batchnorm_statistics(model))
+        )
+    for got, want in zip(results[1], results[0], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

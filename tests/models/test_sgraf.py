@@ -369,7 +369,7 @@ def test_padded_words_never_matter(kind, train):
 # SGRAFModel
 
 
-def make_model(kind, *, randomized=True, seed=30):
+def make_model(kind, *, randomized=True, seed=30, dropout=0.4):
     model = SGRAFModel(
         REGION_DIM,
         VOCAB,
@@ -378,7 +378,7 @@ def make_model(kind, *, randomized=True, seed=30):
         sim_dim=SIM_DIM,
         num_regions=REGIONS,
         kind=kind,
-        dropout=0.4,
+        dropout=dropout,
         rngs=nnx.Rngs(seed),
     )
     return randomize(model, seed + 1) if randomized else model
@@ -487,3 +487,90 @@ def test_cross_one_device_equals_eight(devices, kind, train):
         train=train,
     )
     np.testing.assert_allclose(single, expected, rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Padded batches: padding copies never reach a BatchNorm statistic
+
+
+def batchnorm_statistics(model):
+    """Every running mean and variance of ``model`` (VisualSA's two BatchNorms, SAF's)."""
+    return [
+        np.asarray(x[...])
+        for _, node in nnx.iter_graph(model)
+        if isinstance(node, TorchBatchNorm)
+        for x in (node.mean, node.var)
+    ]
+
+
+def pad_batch(batch, extra):
+    """``batch`` followed by ``extra`` masked copies of its first pair (the pipeline's
+    padding), with the batch ``mask``."""
+    n = len(batch["length"])
+    padded = {k: np.concatenate([v, np.repeat(v[:1], extra, axis=0)]) for k, v in batch.items()}
+    padded["mask"] = np.arange(n + extra) < n
+    return padded
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_never_reaches_a_batchnorm_statistic(kind):
+    """A train-mode forward of a padded batch equals that of its real pairs alone: the
+    similarities among real pairs and every BatchNorm's running statistics, in the cross
+    pass and in GSC's intra-modal passes."""
+    batch = make_batch(seed=50)
+    real = {**batch, "mask": np.ones(N_TXT, bool)}
+    padded = pad_batch(batch, 3)
+    results = []
+    for inputs in (real, padded):
+        model = make_model(kind, seed=50, dropout=0.0)
+        out = call(model, "__call__", inputs, train=True)
+        sims = [out["sim"]]
+        if kind == "saf":  # the intra-modal passes update SAF's statistics too
+            sims.append(call(model, "image_similarity", out["image"], train=True))
+            sims.append(call(model, "text_similarity", out["text"], train=True))
+        results.append(([np.asarray(s)[:N_TXT, :N_TXT] for s in sims], batchnorm_statistics(model)))
+    (sims_real, stats_real), (sims_pad, stats_pad) = results
+    for got, want in zip(sims_pad, sims_real, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert len(stats_real) == (6 if kind == "saf" else 4)
+    for got, want in zip(stats_pad, stats_real, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Without padding, the masked statistics are the plain ones.
+    model, unmasked = (make_model(kind, seed=50, dropout=0.0) for _ in range(2))
+    np.testing.assert_allclose(
+        call(model, "__call__", real, train=True)["sim"],
+        call(unmasked, "__call__", batch, train=True)["sim"],
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    for got, want in zip(batchnorm_statistics(model), batchnorm_statistics(unmasked), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    # ... and so are the gradients through the batch statistics.
+    graphdef, params, rest = nnx.split(make_model(kind, seed=50, dropout=0.0), nnx.Param, ...)
+    params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+    weights = jnp.asarray(np.random.default_rng(50).normal(size=(N_TXT, N_TXT)), jnp.float32)
+
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def grad(params, inputs):
+        def loss(params):
+            sim = nnx.merge(graphdef, params, rest)(inputs, train=True)["sim"]
+            return jnp.sum(sim * weights)
+
+        return jax.grad(loss)(params)
+
+    for got, want in zip(
+        jax.tree.leaves(grad(params, to_jax(real))),
+        jax.tree.leaves(grad(params, to_jax(batch))),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_all_padding_batch_keeps_the_statistics_and_stays_finite():
+    model = make_model("saf", seed=51, dropout=0.0)
+    before = batchnorm_statistics(model)
+    batch = {**make_batch(seed=51), "mask": np.zeros(N_TXT, bool)}
+    sim = call(model, "__call__", batch, train=True)["sim"]
+    assert np.isfinite(np.asarray(sim)).all()
+    for got, want in zip(batchnorm_statistics(model), before, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -291,6 +291,54 @@ def test_a_network_with_an_all_padding_batch_does_not_move(setup):
     assert int(after.step) == 1 and float(metrics["loss"][1]) == 0.0
 
 
+def test_padding_reaches_no_loss_memory_row_or_batchnorm_statistic(setup):
+    """Two sequential updates on a padded main batch (5 real pairs of 8) and aux batch (6 of
+    8) move the parameters, BatchNorm statistics, optimiser state and memory exactly as the
+    same updates on the real pairs alone (batch size 5 and 6, no padding). SAF has every
+    kind of BatchNorm of the SGRAF heads (VisualSA's two and the per-caption one)."""
+    info, model_cfg, record = setup
+    model_cfg = model_cfg.copy_and_resolve_references()
+    model_cfg.head, model_cfg.sim_dim = "saf", 8
+    model_cfg.text_dropout, model_cfg.pair_chunk, model_cfg.remat = 0.0, 0, False
+    method = _turns()
+    # SGD: Adam's first step, g / (|g| + eps), would blow round-off up into the parameters
+    # whose gradient is zero in exact arithmetic (a softmax's shift).
+    tx = optax.sgd(0.1, momentum=0.9)
+    init = base.InitContext(N, info, None, None, model_cfg.embed_dim)
+    graphdef, state = state_lib.create(
+        model_fn=lambda rngs: models.build_model(model_cfg, info, rngs),
+        tx=tx,
+        memory=method.init_memory(init),
+        num_networks=2,
+        seed=0,
+    )
+    step = jax.jit(step_lib.make_train_step(graphdef, method, tx, num_samples=N), static_argnums=2)
+    spec = step_lib.StepSpec(phase=1, updates=(0, 1), in_turn=True)
+
+    def batch_of(indices, size):
+        records = [record(int(i)) for i in indices] + [record(0)] * (size - len(indices))
+        batch = {k: np.stack([r[k] for r in records]) for k in records[0]}
+        batch["mask"] = np.arange(size) < len(indices)
+        batch["index"] = np.where(batch["mask"], batch["index"], N)
+        return batch
+
+    main, aux = [3, 9, 14, 20, 31], [0, 5, 7, 22, 27, 39]
+    padded, _ = step(state, (batch_of(main, B), batch_of(aux, B)), spec, None, np.int32(0))
+    alone, _ = step(state, (batch_of(main, 5), batch_of(aux, 6)), spec, None, np.int32(0))
+    padded, alone = jax.device_get((padded, alone))
+    stats = [x for x in jax.tree.leaves(alone.model_state) if x.ndim == 2]  # [K, C]
+    assert stats and all(np.abs(x[0] - x[1]).max() > 0 for x in stats)  # BatchNorm moved
+    for field in ("params", "model_state", "opt_state", "memory"):
+        for got, want in zip(
+            jax.tree.leaves(getattr(padded, field)),
+            jax.tree.leaves(getattr(alone, field)),
+            strict=True,
+        ):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=field)
+    seen = padded.memory.samples["seen"][0]
+    np.testing.assert_array_equal(np.flatnonzero(seen), sorted(main + aux))  # rows written
+
+
 def test_optimizer_reset_zeroes_the_moments(setup):
     method = _dual_vse(reset_optimizer=True)
     cfg = config_lib.base_config().optim
