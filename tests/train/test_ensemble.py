@@ -12,10 +12,11 @@ from ncljax.train import mesh as mesh_lib
 from tests.train import test_loop
 
 
-def _tiny_sgraf_run(workdir, head):
+def _tiny_run(workdir, head, seed):
     config = test_loop.tiny(test_loop.load_config("vse_synthetic"), epochs=1)
-    config.model.head = head
+    config.model.head, config.seed = head, seed
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
+    config.model.sgr_steps, config.model.remat = 1, False  # compiles in a fraction
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))
     return config
@@ -29,10 +30,17 @@ def _brute_force(sims, cpi):
     return evaluate.rank_metrics(i2t, t2i)
 
 
-def test_sgr_plus_saf_scores_the_mean_similarity(tmp_path):
-    workdirs = [tmp_path / "sgr", tmp_path / "saf"]
-    for workdir, head in zip(workdirs, ("sgr", "saf"), strict=True):
-        _tiny_sgraf_run(workdir, head)
+@pytest.mark.parametrize(
+    "heads",
+    [
+        ("cosine", "cosine"),  # two seeds
+        pytest.param(("sgr", "saf"), marks=pytest.mark.slow),  # SGRAF itself; 60 s on 2 cores
+    ],
+)
+def test_ensemble_scores_the_mean_similarity(tmp_path, heads):
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    for seed, (workdir, head) in enumerate(zip(workdirs, heads, strict=True)):
+        _tiny_run(workdir, head, seed)
     mesh = mesh_lib.make_mesh(1)
     matrices = []
     with jax.set_mesh(mesh):

@@ -102,6 +102,7 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path):
     np.testing.assert_allclose(val_a, val_b, atol=1e-9)
 
 
+@pytest.mark.slow  # 45 s on 2 cores; the dual path is covered fast by the GSC and step tests
 def test_dual_network_baseline_trains(tmp_path):
     config = load_config("quickstart", "quick")
     config.method = "vse"  # the quickstart trains GSC; this is the VSE++ baseline's dual path

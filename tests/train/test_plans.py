@@ -452,15 +452,16 @@ def test_in_turn_epochs_log_lengths_rates_and_never_select_warmup(tmp_path, monk
 def test_resume_mid_pass_gives_the_uninterrupted_run(tmp_path, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "turns", _turns)
     config = _turns_config()
-    config.train.checkpoint_every_steps = 1
+    every = config.train.checkpoint_every_steps = 3
     straight = train_and_evaluate(config, str(tmp_path / "straight"))
     expected = read_metrics(tmp_path / "straight")
-    # Crash in epoch 1 (the reset epoch), inside network 1's pass, after several saves.
-    crash_step = int(
-        [r for r in expected if r["split"] == "train" and r["epoch"] == 1 and r["network"]][1][
-            "step"
-        ]
-    )
+    # Crash in epoch 1 (the reset epoch), inside network 1's pass, just after a save there.
+    steps = [
+        int(r["step"])
+        for r in expected
+        if r["split"] == "train" and r["epoch"] == 1 and r["network"]
+    ]
+    crash_step = next(s for s in steps[1:] if (s - 1) % every == 0 and s - 1 > steps[0])
     check = loop._check_finite
 
     def crashing(state, checkpointer):
