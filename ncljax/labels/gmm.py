@@ -13,20 +13,27 @@ max_iter=10, tol=1e-2, reg_covar=5e-4)`` on the host. This module is the same
 estimator as a pure, jittable JAX function over ``[N]`` with an optional validity
 mask, so padded, sharded or vmapped (two networks) buffers can be fitted in place.
 
-Differences from sklearn, on purpose:
+Initialisation and stopping:
 
-* Initialisation is a *deterministic* 2-means: the centres start at the minimum and
-  maximum of the valid data. sklearn runs ``KMeans`` with k-means++ seeding from a
-  random state (``random_state=None`` in the official code), so its result varies a
-  little between runs; in 1-D with well separated modes both initialisations give
-  the same clusters.
-* Stopping compares the mean log-likelihood at the parameters after each M-step
-  with the value before it (the first iteration is compared with the initial
-  parameters). sklearn evaluates the bound in the E-step, i.e. before its M-step,
-  starts from ``-inf`` (so it never stops at iteration 1), and therefore runs one
-  M-step more than this function for the same criterion.
+* The responsibilities start as the hard assignment of the *optimal* 2-means partition,
+  then one M-step (sklearn's ``init_params='kmeans'`` does the same with its k-means
+  result). In 1-D the optimal partition is a threshold of the sorted values, so it is
+  found exactly: the between-cluster sum of squares of every split is read off prefix
+  sums (``O(N log N)``, one sort), and the best split wins. This is deterministic (no
+  seed) and cannot stop in a poor local optimum. A 2-means started from the minimum
+  and maximum and stopped after a few Lloyd iterations can: one isolated low value
+  becomes a one-point component and the GMM then calls every other value clean; and
+  sklearn's k-means++ start is random (``random_state=None`` in the official code).
+  Ties are never split: equal values share a cluster.
+* The stopping rule is sklearn's: iteration ``n`` compares the mean log-likelihood at
+  the parameters of iterations ``n - 1`` and ``n - 2`` (the first iteration never
+  stops) and then runs its M-step, so the returned parameters, ``n_iter`` and
+  ``converged`` are those of ``GaussianMixture(n_components=2, max_iter, tol,
+  reg_covar)`` from the same start.
 * Components are returned sorted by ascending mean, so index 0 is always the
   low-mean component.
+* A *degenerate* buffer (fewer than two distinct valid values) has no two clusters;
+  the fit is flagged (``degenerate``) and the callers keep their previous estimate.
 """
 
 import math
@@ -35,6 +42,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -54,6 +62,9 @@ class GaussianMixture1D(NamedTuple):
         initialisation) that were run.
       converged: bool scalar, whether the log-likelihood change fell below ``tol``
         before ``max_iter`` iterations ran out.
+      degenerate: bool scalar, True when the valid values hold fewer than two distinct
+        values (all equal, or fewer than two valid entries): the mixture is then not an
+        estimate of anything, and a caller should keep its previous labels.
     """
 
     weights: jax.Array
@@ -62,6 +73,7 @@ class GaussianMixture1D(NamedTuple):
     log_likelihood: jax.Array
     n_iter: jax.Array
     converged: jax.Array
+    degenerate: jax.Array
 
 
 def _as_float(x: ArrayLike) -> jax.Array:
@@ -135,26 +147,36 @@ def _m_step(x: jax.Array, resp: jax.Array, reg_covar: float):
     return weights, means, variances
 
 
-def _two_means_high(x: jax.Array, mask: jax.Array, n_iter: int) -> jax.Array:
-    """Bool ``[N]``: True where a deterministic 1-D 2-means assigns the high cluster."""
-    has_data = jnp.any(mask)
-    lo = jnp.where(has_data, jnp.min(x, where=mask, initial=jnp.inf), 0.0)
-    hi = jnp.where(has_data, jnp.max(x, where=mask, initial=-jnp.inf), 0.0)
+def _two_means_high(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The optimal 1-D 2-means partition of the valid entries.
 
-    def assign(centres):
-        # Ties go to the low cluster, so identical values form one cluster.
-        return jnp.abs(x - centres[1]) < jnp.abs(x - centres[0])
-
-    def lloyd(_, centres):
-        high = assign(centres)
-        member = jnp.stack([~high & mask, high & mask], axis=-1).astype(x.dtype)
-        count = jnp.sum(member, axis=0)
-        total = jnp.sum(member * x[:, None], axis=0)
-        # An empty cluster keeps its centre.
-        return jnp.where(count > 0, total / jnp.maximum(count, 1.0), centres)
-
-    centres = lax.fori_loop(0, n_iter, lloyd, jnp.stack([lo, hi]))
-    return assign(centres)
+    Sorted valid values ``v_1 <= ... <= v_n``; splitting after ``t`` of them leaves a
+    within-cluster sum of squares ``sum (v - m)^2 - B(t)`` with the between-cluster term
+    ``B(t) = S_t^2 n / (t (n - t))``, ``S_t`` the prefix sum of the centred values. The
+    best split maximises ``B`` over the ``t`` where ``v_t < v_{t+1}`` (ties stay
+    together). Returns ``(high [N] bool, degenerate bool)``; a degenerate buffer (no
+    such split) puts everything in the low cluster.
+    """
+    n = jnp.sum(mask)
+    big = jnp.finfo(x.dtype).max
+    values = jnp.where(mask, x, big)
+    sharding = jax.typeof(values).sharding
+    if any(axis is not None for axis in sharding.spec):
+        # An explicitly sharded buffer is sorted whole (N scalars, gathered once).
+        values = jax.sharding.reshard(values, sharding.update(spec=P()))
+    values = jnp.sort(values)  # valid values first, ascending
+    valid = jnp.arange(x.shape[0]) < n
+    nf = jnp.maximum(n, 1).astype(x.dtype)
+    mean = jnp.sum(jnp.where(valid, values, 0.0)) / nf
+    prefix = jnp.cumsum(jnp.where(valid, values - mean, 0.0))  # S_t at index t - 1
+    t = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype)
+    nxt = jnp.concatenate([values[1:], values[-1:]])
+    splittable = (t < nf) & valid & (values < nxt)
+    between = jnp.where(splittable, prefix**2 * nf / (t * jnp.maximum(nf - t, 1.0)), -1.0)
+    best = jnp.argmax(between)
+    degenerate = ~jnp.any(splittable)
+    threshold = jnp.where(degenerate, big, values[best])
+    return mask & (x > threshold), degenerate
 
 
 def fit_gmm_1d(
@@ -164,15 +186,13 @@ def fit_gmm_1d(
     max_iter: int = 10,
     tol: float = 1e-2,
     reg_covar: float = 5e-4,
-    kmeans_iter: int = 10,
 ) -> GaussianMixture1D:
     r"""Fits a two-component 1-D Gaussian mixture by EM.
 
     .. math::
       p(x) = \sum_{k=1}^{2} \pi_k\,\mathcal N(x \mid \mu_k, \sigma_k^2)
 
-    Initialisation: a deterministic 2-means (centres at the min and max of the valid
-    data, ``kmeans_iter`` Lloyd iterations), its hard assignments as
+    Initialisation: the hard assignment of the optimal (exact) 1-D 2-means partition as
     responsibilities, then one M-step. Each EM iteration is
 
     .. math::
@@ -186,14 +206,15 @@ def fit_gmm_1d(
     ``10 * finfo.eps`` (as sklearn) so an empty component stays finite (it gets mean
     0 and variance ``reg_covar``); :math:`\pi_k` is computed as
     :math:`N_k / \sum_{k'} N_{k'}`, equal to :math:`N_k/N` up to that floor. After each
-    M-step the mean log-likelihood
+    E-step the mean log-likelihood
     :math:`\mathcal L = \frac1N\sum_n \log\sum_k \pi_k\mathcal N(x_n\mid\mu_k,\sigma_k^2)`
-    is compared with its value before that step; EM stops when
-    :math:`|\Delta\mathcal L| <` ``tol`` or after ``max_iter`` iterations. See the
-    module docstring for how this differs from sklearn's ``GaussianMixture``.
+    at the current parameters is compared with its value one iteration earlier; EM runs
+    that iteration's M-step and stops when :math:`|\Delta\mathcal L| <` ``tol``, or after
+    ``max_iter`` iterations (sklearn's ``GaussianMixture`` rule; see the module
+    docstring).
 
     Entries where ``where`` is False are excluded from every statistic (2-means
-    centres, :math:`N_k`, :math:`N`, :math:`\mathcal L`); their values may be
+    partition, :math:`N_k`, :math:`N`, :math:`\mathcal L`); their values may be
     anything, NaN included.
 
     Args:
@@ -202,7 +223,6 @@ def fit_gmm_1d(
       max_iter: static, maximum number of EM iterations (>= 0).
       tol: static, convergence threshold on the change of the mean log-likelihood.
       reg_covar: static, positive value added to every variance.
-      kmeans_iter: static, number of Lloyd iterations of the 2-means initialisation.
 
     Returns:
       A :class:`GaussianMixture1D` whose components are sorted by ascending mean.
@@ -214,8 +234,8 @@ def fit_gmm_1d(
       Zhao et al., "GSC", CVPR 2024, Eq. 4 (high mean = clean); Duan et al., "PC2",
       ACM MM 2024, Sec. 3.2.
     """
-    if max_iter < 0 or kmeans_iter < 0:
-        raise ValueError(f"max_iter and kmeans_iter must be >= 0, got {max_iter}, {kmeans_iter}")
+    if max_iter < 0:
+        raise ValueError(f"max_iter must be >= 0, got {max_iter}")
     if tol < 0:
         raise ValueError(f"tol must be >= 0, got {tol}")
     if not reg_covar > 0:
@@ -228,7 +248,7 @@ def fit_gmm_1d(
     x = jnp.where(mask, x, jnp.zeros_like(x))  # padding may hold NaN or inf
     n_valid = jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
 
-    high = _two_means_high(x, mask, kmeans_iter)
+    high, degenerate = _two_means_high(x, mask)
     hard = jnp.stack([~high, high], axis=-1).astype(x.dtype) * mask[:, None]
     params = _m_step(x, hard, reg_covar)
     resp, mean_ll = _e_step(x, mask, params, n_valid)
@@ -238,13 +258,16 @@ def fit_gmm_1d(
         return (n < max_iter) & ~converged
 
     def body(state):
-        _, resp, mean_ll, n, _ = state
+        # Iteration n + 1 as sklearn: test the change between the log-likelihoods of the
+        # last two parameter sets, then take the M-step either way.
+        _, resp, mean_ll, previous_ll, n, _ = state
+        converged = jnp.abs(mean_ll - previous_ll) < tol
         new_params = _m_step(x, resp, reg_covar)
         new_resp, new_ll = _e_step(x, mask, new_params, n_valid)
-        return new_params, new_resp, new_ll, n + 1, jnp.abs(new_ll - mean_ll) < tol
+        return new_params, new_resp, new_ll, mean_ll, n + 1, converged
 
-    init = (params, resp, mean_ll, jnp.int32(0), jnp.bool_(False))
-    params, _, mean_ll, n_iter, converged = lax.while_loop(cond, body, init)
+    init = (params, resp, mean_ll, jnp.asarray(-jnp.inf, x.dtype), jnp.int32(0), jnp.bool_(False))
+    params, _, mean_ll, _, n_iter, converged = lax.while_loop(cond, body, init)
 
     weights, means, variances = params
     order = jnp.argsort(means, stable=True)
@@ -255,6 +278,7 @@ def fit_gmm_1d(
         log_likelihood=mean_ll,
         n_iter=n_iter,
         converged=converged,
+        degenerate=degenerate,
     )
 
 

@@ -183,6 +183,11 @@ def gsc_update_labels(
     The raw cross-modal indicators enter the ensemble directly; only the intra-modal
     scores go through the GMM (:func:`gsc_intra_modal_indicator`).
 
+    A degenerate buffer (all valid intra-modal scores equal: the GMM has no two clusters
+    and its "clean" posterior is meaningless, about 0 everywhere) keeps the previous
+    state: both ensembles, hence the labels, are returned unchanged (the returned
+    mixture's ``degenerate`` flag says so; the GSC method logs a warning).
+
     Args:
       ema_cross: ``[N]`` previous :math:`Y_{CM}` (ones before the first update).
       ema_intra: ``[N]`` previous :math:`Y_{IM}` (ones before the first update).
@@ -204,8 +209,9 @@ def gsc_update_labels(
     posterior, normalised, mixture = gsc_intra_modal_indicator(
         intra, where=where, max_iter=max_iter, tol=tol, reg_covar=reg_covar
     )
-    new_cross = ema_update(cross, ema_cross, cross_momentum)
-    new_intra = ema_update(posterior, ema_intra, intra_momentum)
+    keep = mixture.degenerate
+    new_cross = jnp.where(keep, ema_cross, ema_update(cross, ema_cross, cross_momentum))
+    new_intra = jnp.where(keep, ema_intra, ema_update(posterior, ema_intra, intra_momentum))
     state = GSCLabels(
         ema_cross=new_cross,
         ema_intra=new_intra,

@@ -32,6 +32,7 @@ Spec: ``gsc.md`` of the ncljax specs; its code-vs-paper choices are arguments be
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -172,9 +173,16 @@ def gsc(
     )
 
     def refresh_fn(memory, stats, ctx):
-        del stats, ctx
+        del stats
         s = memory.samples
         new, mixture = update(s["ema_cross"], s["ema_intra"], s["cross"], s["intra"])
+        if bool(mixture.degenerate):
+            logging.warning(
+                "gsc: network %d's intra-modal scores of epoch %d are all equal (no two "
+                "clusters for the GMM); keeping its previous labels.",
+                ctx.network,
+                ctx.epoch,
+            )
         samples = dict(s, **new._asdict())
         diagnostics = {
             "gmm_weight_low": mixture.weights[0],
@@ -185,6 +193,7 @@ def gsc(
             "gmm_var_high": mixture.variances[1],
             "gmm_iterations": mixture.n_iter,
             "gmm_converged": mixture.converged,
+            "gmm_degenerate": mixture.degenerate,
             "label_mean": new.labels.mean(),
             "label_clean_fraction": (new.labels > 0.5).mean(),
         }

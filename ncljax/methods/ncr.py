@@ -38,6 +38,7 @@ code's clean targets use ``pl[0]``, the first pair's prediction, for the whole b
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax.numpy as jnp
 import numpy as np
@@ -177,23 +178,31 @@ def ncr(
         return {"loss": losses.triplet_mean(outputs["sim"], margin, where=batch["mask"])}
 
     def refresh_fn(memory, stats, ctx):
-        del ctx
         division = divide(stats["loss"])
-        samples = dict(
-            memory.samples,
-            prob=division.prob.astype(jnp.float32),
-            clean=division.clean.astype(jnp.float32),
-            loss=division.normalised.astype(jnp.float32),
-        )
         gmm = division.gmm
+        samples = dict(memory.samples, loss=division.normalised.astype(jnp.float32))
+        if bool(gmm.degenerate):
+            # All losses equal: no two clusters, the posterior says nothing.
+            logging.warning(
+                "ncr: network %d's per-pair losses of epoch %d are all equal (no two "
+                "clusters for the GMM); keeping its previous division.",
+                ctx.network,
+                ctx.epoch,
+            )
+        else:
+            samples.update(
+                prob=division.prob.astype(jnp.float32),
+                clean=division.clean.astype(jnp.float32),
+            )
         diagnostics = {
             "gmm_mean_clean": gmm.means[0],
             "gmm_mean_noisy": gmm.means[1],
             "gmm_weight_clean": gmm.weights[0],
             "gmm_iterations": gmm.n_iter,
             "gmm_converged": gmm.converged,
-            "clean_fraction": division.clean.mean(),
-            "prob_mean": division.prob.mean(),
+            "gmm_degenerate": gmm.degenerate,
+            "clean_fraction": samples["clean"].mean(),
+            "prob_mean": samples["prob"].mean(),
         }
         return base.Memory(samples=samples, state=memory.state), diagnostics
 

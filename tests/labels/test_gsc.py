@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sklearn.mixture import GaussianMixture
 
 from ncljax.labels import (
     ema_update,
@@ -57,51 +58,16 @@ def np_score(sim_image, sim_text, labels, valid, eps=1e-8):
     return out
 
 
-def np_gmm_high_posterior(u, *, max_iter=10, tol=1e-2, reg_covar=5e-4, kmeans_iter=10):
-    """Min-max, deterministic 2-means init (centres at min/max), EM in float64, posterior of
-    the larger-mean component: the algorithm ``gsc.md`` Sec. 3.3 and ``fit_gmm_1d`` state."""
+def np_gmm_high_posterior(u, *, max_iter=10, tol=1e-2, reg_covar=5e-4):
+    """Min-max in float64, then the official codes' ``sklearn.mixture.GaussianMixture`` (best
+    of four k-means++ starts) and the posterior of its larger-mean component (Eq. 4)."""
     u = np.asarray(u, np.float64)
     span = u.max() - u.min()
     x = (u - u.min()) / span if span > 1e-12 else np.zeros_like(u)
-    centres = [x.min(), x.max()]
-    for _ in range(kmeans_iter):
-        high = [abs(v - centres[1]) < abs(v - centres[0]) for v in x]
-        for k, flag in enumerate([False, True]):
-            members = [v for v, h in zip(x, high, strict=True) if h == flag]
-            if members:
-                centres[k] = sum(members) / len(members)
-    high = np.array([abs(v - centres[1]) < abs(v - centres[0]) for v in x])
-    resp = np.stack([~high, high], 1).astype(np.float64)
-
-    def m_step(resp):
-        nk = resp.sum(0) + 10 * np.finfo(np.float64).eps
-        means = (resp * x[:, None]).sum(0) / nk
-        variances = (resp * (x[:, None] - means) ** 2).sum(0) / nk + reg_covar
-        return nk / nk.sum(), means, variances
-
-    def e_step(params):
-        weights, means, variances = params
-        dens = np.stack(
-            [
-                weights[k]
-                * np.exp(-((x - means[k]) ** 2) / (2 * variances[k]))
-                / math.sqrt(2 * math.pi * variances[k])
-                for k in range(2)
-            ],
-            1,
-        )
-        return dens / dens.sum(1, keepdims=True), np.log(dens.sum(1)).mean()
-
-    params = m_step(resp)
-    resp, ll = e_step(params)
-    for _ in range(max_iter):
-        params = m_step(resp)
-        resp, new_ll = e_step(params)
-        done = abs(new_ll - ll) < tol
-        ll = new_ll
-        if done:
-            break
-    return resp[:, int(np.argmax(params[1]))], x
+    gmm = GaussianMixture(
+        2, max_iter=max_iter, tol=tol, reg_covar=reg_covar, n_init=4, random_state=0
+    ).fit(x[:, None])
+    return gmm.predict_proba(x[:, None])[:, int(np.argmax(gmm.means_[:, 0]))], x
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -184,15 +150,23 @@ def test_update_labels_is_ema_then_minimum():
     np.testing.assert_allclose(new.intra_posterior, posterior, atol=1e-4)
 
 
-def test_first_update_from_ones_and_constant_scores_stay_finite():
-    ones = np.ones(20, np.float32)
-    new, mixture = update_labels(ones, ones, np.full(20, 0.2, np.float32), ones)
-    np.testing.assert_allclose(new.ema_cross, 0.7 * 0.2 + 0.3, rtol=1e-6)
+def test_constant_scores_keep_the_previous_labels():
+    """All intra-modal scores equal: no two clusters, so the update keeps both ensembles
+    and the labels (it used to call every pair noisy) and flags the fit degenerate."""
+    rng = np.random.default_rng(3)
+    ema_cross, ema_intra = rng.uniform(0.2, 1, (2, 20)).astype(np.float32)
+    new, mixture = update_labels(ema_cross, ema_intra, np.full(20, 0.2, np.float32), np.ones(20))
+    assert bool(mixture.degenerate)
+    np.testing.assert_array_equal(new.ema_cross, ema_cross)
+    np.testing.assert_array_equal(new.ema_intra, ema_intra)
+    np.testing.assert_array_equal(new.labels, np.minimum(ema_cross, ema_intra))
     for leaf in jax.tree.leaves((new, mixture)):
         assert np.isfinite(np.asarray(leaf, np.float64)).all()
+    scores, _ = bimodal(1, n=20)
+    assert not bool(update_labels(ema_cross, ema_intra, ema_cross, scores)[1].degenerate)
     # A noisy pair judged noisy every epoch decays as 0.3^t.
     zeros = np.zeros(20, np.float32)
-    state = ones
+    state = np.ones(20, np.float32)
     for _ in range(3):
         state = ema_update(zeros, state, 0.7)
     np.testing.assert_allclose(state, 0.3**3, rtol=1e-6)

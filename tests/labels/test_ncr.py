@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sklearn.mixture import GaussianMixture
 
 from ncljax import labels, losses
 
@@ -133,37 +134,12 @@ def test_split_clean_threshold_and_one_percent_rule():
     assert not np.asarray(labels.split_clean(padded, where=where))[300:].any()
 
 
-def numpy_em(x, max_iter=10, tol=1e-2, reg=5e-4):
-    """A plain two-component EM, 2-means started at min/max (the library's documented init)."""
-    centres = np.array([x.min(), x.max()])
-    for _ in range(10):
-        assign = np.abs(x[:, None] - centres).argmin(1)
-        centres = np.array([x[assign == k].mean() for k in range(2)])
-    resp = np.eye(2)[assign]
-
-    def m_step(resp):
-        nk = resp.sum(0)
-        mu = (resp * x[:, None]).sum(0) / nk
-        var = (resp * (x[:, None] - mu) ** 2).sum(0) / nk + reg
-        return nk / len(x), mu, var
-
-    def log_joint(params):
-        pi, mu, var = params
-        return np.log(pi) - 0.5 * (np.log(2 * np.pi * var) + (x[:, None] - mu) ** 2 / var)
-
-    params = m_step(resp)
-    ll = np.logaddexp(*log_joint(params).T).mean()
-    for _ in range(max_iter):
-        lj = log_joint(params)
-        resp = np.exp(lj - np.logaddexp(*lj.T)[:, None])
-        params = m_step(resp)
-        new = np.logaddexp(*log_joint(params).T).mean()
-        if abs(new - ll) < tol:
-            break
-        ll = new
-    lj = log_joint(params)
-    post = np.exp(lj - np.logaddexp(*lj.T)[:, None])
-    return post[:, np.argmin(params[1])]
+def sklearn_low_loss_posterior(x, max_iter=10, tol=1e-2, reg=5e-4):
+    """The official co-divide's ``GaussianMixture(2, max_iter=10, tol=1e-2, reg_covar=5e-4)``
+    (float64, best of four k-means++ starts): the posterior of the low-mean component."""
+    gmm = GaussianMixture(2, max_iter=max_iter, tol=tol, reg_covar=reg, n_init=4, random_state=0)
+    gmm.fit(x[:, None])
+    return gmm.predict_proba(x[:, None])[:, np.argmin(gmm.means_[:, 0])]
 
 
 def test_loss_division_clean_are_the_low_losses():
@@ -173,7 +149,7 @@ def test_loss_division_clean_are_the_low_losses():
     division = jax.jit(labels.loss_division)(jnp.asarray(loss, jnp.float32))
     x = (loss - loss.min()) / (loss.max() - loss.min())
     np.testing.assert_allclose(division.normalised, x, atol=1e-6)
-    np.testing.assert_allclose(division.prob, numpy_em(x), atol=2e-3)
+    np.testing.assert_allclose(division.prob, sklearn_low_loss_posterior(x), atol=1e-4)
     assert np.mean(np.asarray(division.clean) == clean) > 0.99
     assert float(division.gmm.means[0]) < float(division.gmm.means[1])
 

@@ -1,6 +1,7 @@
 """The GSC method: loss and buffers, label exchange, per-epoch refresh, 1 vs 8 devices."""
 
 import glob
+import logging
 import os
 
 import jax
@@ -85,6 +86,26 @@ def test_warmup_phases():
     assert [p.refresh for p in plans] == [False, False, False, True]
     default = methods.build_method("gsc")
     assert [default.plan_fn(e).refresh for e in range(3)] == [False, True, True]
+
+
+def test_equal_intra_scores_keep_the_previous_labels_with_a_warning(caplog):
+    method = methods.build_method("gsc")
+    memory = method.init_memory(base.InitContext(N, None, None, None))
+    previous = np.where(np.arange(N) % 4 == 0, 0.2, 0.9).astype(np.float32)
+    samples = dict(
+        memory.samples,
+        ema_cross=previous,
+        ema_intra=previous,
+        labels=previous,
+        cross=jnp.full(N, 0.5),
+        intra=jnp.full(N, 0.3),
+    )
+    ctx = base.RefreshContext(4, 10, 0, None, None)
+    with caplog.at_level(logging.WARNING):
+        new, diagnostics = method.refresh_fn(base.Memory(samples, {}), None, ctx)
+    assert "network 0's intra-modal scores of epoch 4 are all equal" in caplog.text
+    np.testing.assert_array_equal(new.samples["labels"], previous)
+    assert diagnostics["gmm_degenerate"]
 
 
 def test_refresh_updates_labels_from_buffers():
@@ -314,8 +335,11 @@ def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind):
         nnx.update(model, state)
         k = len(batch["length"])
         results.append(
-            (np.asarray(image_sim)[:k, :k], np.asarray(text_sim)[:k, :k])
-            + tuple(sgraf_tests.batchnorm_statistics(model))
+            (
+                np.asarray(image_sim)[:k, :k],
+                np.asarray(text_sim)[:k, :k],
+                *sgraf_tests.batchnorm_statistics(model),
+            )
         )
     for got, want in zip(results[1], results[0], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
