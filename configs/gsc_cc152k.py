@@ -1,14 +1,15 @@
 r"""GSC+ (geometrical structure consistency, dual networks) on the SGR backbone, CC152K.
 
   python train.py --config=configs/gsc_cc152k.py --config.data.manual_dir=/path/to/files
-  python train.py --config=configs/gsc_cc152k.py:code      # the official GSC+ script's values
-  python train.py --config=configs/gsc_cc152k.py:single    # the single-network GSC script
-  python train.py --config=configs/gsc_cc152k.py:quick     # smoke run (combine: code,quick)
+  python train.py --config=configs/gsc_cc152k.py:code    # the GSC+ script's values, intra-text form
+  python train.py --config=configs/gsc_cc152k.py:single  # the single-network GSC script
+  python train.py --config=configs/gsc_cc152k.py:quick   # smoke run (combine: code,quick)
 
 Defaults (``gsc.md`` Sec. 5.4, the paper's values): SGR head, batch 128, Adam 2e-4
 x0.2 every 15 epochs, 60 epochs, clipping 2.0, tau_1 0.07, tau_2 1, gamma 0.01, momenta
 0.7, no warm-up, two networks exchanging labels. The presets and their per-dataset
-values are ``ncljax.train.config.GSC_PRESETS``. The released precomp files go in
+values are ``ncljax.train.config.GSC_PRESETS`` (intra-text structure:
+``GSC_TEXT_STRUCTURE``; see ``ncljax.methods.gsc``). The released precomp files go in
 ``data.manual_dir`` (layout in ``ncljax/data/precomp.py``).
 
 Reference: Zhao et al., "Mitigating Noisy Correspondence by Geometrical Structure

@@ -15,7 +15,7 @@ min-max normalised intra-modal scores, ensembles both indicators over epochs (mo
 0.7) and takes their minimum as the next labels (Eqs. 4, 10, 5;
 ``ncljax.labels.gsc_update_labels``). Epoch 0 trains with all labels 1.
 
-With ``num_networks=2`` (GSC+, the paper's full method) network A trains with network
+With ``num_networks=2`` (GSC+, the paper's dual-network method) network A trains with network
 B's labels and vice versa, both in the loss weights and in the structure masks; each
 network fills its own buffers and estimates its own labels; evaluation averages the two
 networks' similarities. ``num_networks=1`` is the single-network ``GSC`` variant.
@@ -62,6 +62,7 @@ def gsc(
     warmup_loss: str = "unit_labels",
     exchange_labels: bool = True,
     recompute_global: bool = True,
+    text_structure: str = "attention",
     gmm_max_iter: int = 10,
     gmm_tol: float = 1e-2,
     gmm_reg_covar: float = 5e-4,
@@ -90,6 +91,14 @@ def gsc(
         SGR passes (fresh dropout masks and one more BatchNorm update each, as the
         official code); ``False`` reuses the cross-modal pass's vectors. No effect with
         the cosine head.
+      text_structure: the SGRAF intra-text similarity ``h_TT``. ``'attention'`` (the
+        default and the ``paper``/``single`` presets): the single-network GSC code's form,
+        each word of caption ``i`` attending over caption ``j``'s valid words (SCAN),
+        padding masked. ``'aligned'`` (the ``code`` preset of the dual-network configs):
+        the GSC+ code's form, word-position-aligned squared differences over the batch's
+        padded length, no attention, no padding mask, symmetric; it depends on the
+        batch's longest caption (``SimilarityHead.text_text_aligned``). The paper says
+        neither. No effect with the cosine head.
       gmm_max_iter: EM iterations of the per-epoch GMM (10).
       gmm_tol: EM tolerance (1e-2).
       gmm_reg_covar: GMM variance floor (5e-4).
@@ -101,6 +110,10 @@ def gsc(
         )
     if num_networks not in (1, 2):
         raise ValueError(f"gsc num_networks must be 1 or 2, got {num_networks}.")
+    if text_structure not in ("attention", "aligned"):
+        raise ValueError(
+            f"gsc text_structure must be 'attention' or 'aligned', got {text_structure!r}."
+        )
     objective = functools.partial(
         losses.gsc_loss,
         cross_temperature=cross_temperature,
@@ -119,7 +132,7 @@ def gsc(
         outputs = model(batch, train=train, rngs=rngs)
         if train and needs_intra(phase):
             outputs["sim_image"], outputs["sim_text"] = intra_similarities(
-                model, outputs, rngs=rngs, recompute=recompute_global
+                model, outputs, rngs=rngs, recompute=recompute_global, text_form=text_structure
             )
         return outputs
 
@@ -217,12 +230,15 @@ def gsc(
     )
 
 
-def intra_similarities(model, outputs: dict, *, rngs=None, recompute: bool = True):
+def intra_similarities(
+    model, outputs: dict, *, rngs=None, recompute: bool = True, text_form: str = "attention"
+):
     """GSC's intra-image and intra-text similarities ``[B, B]`` of a training forward pass.
 
     SGRAF models: the SGR head on image-image and caption-caption pairs (same parameters
     and output map as the cross-modal similarity), with freshly computed self-attention
-    global vectors when ``recompute``. Cosine models: cosines of the embeddings.
+    global vectors when ``recompute``; ``text_form`` picks the caption-caption form
+    (``SGRAFModel.text_similarity``). Cosine models: cosines of the embeddings.
     """
     image, text = outputs["image"], outputs["text"]
     if not hasattr(model, "image_similarity"):
@@ -234,7 +250,10 @@ def intra_similarities(model, outputs: dict, *, rngs=None, recompute: bool = Tru
         glob = model.visual_sa(image["regions"], train=True, rngs=rngs, mask=image.get("valid"))
         image = dict(image, glob=glob)
         text = dict(text, glob=model.text_sa(text["words"], text["mask"], train=True, rngs=rngs))
-    return model.image_similarity(image, train=True), model.text_similarity(text, train=True)
+    return (
+        model.image_similarity(image, train=True),
+        model.text_similarity(text, train=True, form=text_form),
+    )
 
 
 def diagnostic_scores(memory: base.Memory) -> dict[str, jax.Array]:

@@ -354,6 +354,36 @@ class SimilarityHead(nnx.Module):
         valid = dict(query_valid=text.get("valid"), context_valid=text.get("valid"))
         return self._pairs(make_nodes, _queries(text), train=train, **valid).T
 
+    def text_text_aligned(self, text: dict, *, train: bool = False) -> jax.Array:
+        """GSC+'s ``h_TT(T_j, T_i)`` ``[B, B]``: word-position-aligned, no attention.
+
+        The dual-network official code (``GSC+/model/SGRAF.py``, ``forward_topology``)
+        compares the captions word by word over the batch's padded length ``L_b`` (its
+        longest caption): local nodes ``(u_jl - u_il)^2 + 1e-6`` for ``l < L_b``, the
+        padded words being zero vectors, and the global node ``(u_hat_j - u_hat_i)^2 +
+        1e-6``; every one of the ``L_b + 1`` nodes enters the graph (no padding mask). The
+        result is symmetric and depends on ``L_b``: adding a longer caption to the batch
+        adds constant nodes to every pair. Positions at or beyond ``L_b`` (the fixed
+        padding of ncljax's batches) are masked, so they change nothing; ``L_b`` counts the
+        real captions of a padded batch only. With SAF in training, the official code
+        normalises the attention scores of all ``B^2`` pairs as one BatchNorm group; here
+        each query caption is a group, as in the other passes (SGR has no BatchNorm).
+        """
+        text = dict(text, words=text["words"] * text["mask"][..., None])  # zero padding
+        words, glob = text["words"], text["glob"]
+        valid = text.get("valid")
+        live = text["mask"] if valid is None else text["mask"] & valid[:, None]
+        in_batch = jnp.any(live, axis=0)  # [L]: l < L_b, the batch's longest caption
+
+        def make_nodes(q):
+            mask = jnp.broadcast_to(in_batch, q["words"].shape[:2])
+            return self._nodes(
+                words[None], q["words"], mask, glob, q["glob"], _INTRA_EPS, _INTRA_EPS
+            )
+
+        valid = dict(query_valid=valid, context_valid=valid)
+        return self._pairs(make_nodes, _queries(text), train=train, **valid).T
+
 
 def _queries(tree: dict) -> dict:
     """The per-item arrays a pairwise pass chunks over (the batch mask is not one)."""
@@ -449,13 +479,22 @@ class SGRAFModel(nnx.Module):
         """
         return self._output(self.head.image_image(image, train=train))
 
-    def text_similarity(self, text: dict, *, train: bool = False) -> jax.Array:
+    def text_similarity(
+        self, text: dict, *, train: bool = False, form: str = "attention"
+    ) -> jax.Array:
         """GSC's text-text structure ``[B, B]`` (row: context caption, column: query).
 
+        ``form='attention'``: the single-network GSC code's ``h_TT(T_j | T_i)`` (SCAN
+        attention of caption ``i``'s words over caption ``j``'s); ``'aligned'``: the GSC+
+        code's word-position-aligned, symmetric form (``SimilarityHead.text_text_aligned``).
         Uses the global vectors of ``text``; pass a fresh ``encode_text(...)`` to draw new
         dropout masks, as the official GSC code does for this pass.
         """
-        return self._output(self.head.text_text(text, train=train))
+        if form == "attention":
+            return self._output(self.head.text_text(text, train=train))
+        if form == "aligned":
+            return self._output(self.head.text_text_aligned(text, train=train))
+        raise ValueError(f"text structure form must be 'attention' or 'aligned', got {form!r}.")
 
     def __call__(self, batch: dict, *, train: bool = False, rngs=None) -> dict:
         image = self.encode_image(batch, train=train, rngs=rngs)

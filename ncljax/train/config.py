@@ -185,63 +185,15 @@ def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
 
 
 def uot_rcl_kwargs(**overrides) -> ml_collections.ConfigDict:
-    """UOT-RCL's hyperparameters with the paper's (and the spec's) defaults."""
-    kwargs = dict(
-        warmup_epochs=2,
-        momentum=0.99,
-        relation_weight=0.4,
-        neighbours=10,
-        per_class=5,
-        mass_start=0.2,
-        mass_end=0.8,
-        label_epsilon=0.05,
-        label_corner=0.0,
-        label_threshold=1e-6,
-        label_max_iterations=5000,
-        class_marginal="uniform",
-        relation_epsilon=0.1,
-        relation_threshold=1e-5,
-        relation_max_iterations=1000,
-        relation_temperature=1.0,
-        relation_sign=1.0,
-        match_temperature=1.0,
-        confident="jsd",
-        anchors="current",
-        exclude_self=True,
-        vote_normalise=True,
-        knn_chunk=2048,
-        num_networks=1,
-    )
-    unknown = set(overrides) - set(kwargs)
-    if unknown:
-        raise ValueError(f"Unknown UOT-RCL hyperparameters {sorted(unknown)}.")
-    kwargs.update(overrides)
-    return ml_collections.ConfigDict(kwargs)
+    """UOT-RCL's hyperparameters: the defaults of ``ncljax.methods.uot_rcl``, then
+    ``overrides``."""
+    return method_kwargs("uot_rcl", **overrides)
 
 
 def gsc_kwargs(**overrides) -> ml_collections.ConfigDict:
-    """GSC's hyperparameters with the spec's defaults (paper values, F30K GSC+ script)."""
-    kwargs = dict(
-        cross_temperature=0.07,
-        intra_temperature=1.0,
-        intra_weight=0.01,
-        cross_momentum=0.7,
-        intra_momentum=0.7,
-        intra_row_weight=True,
-        warmup_epochs=0,
-        warmup_loss="unit_labels",
-        exchange_labels=True,
-        recompute_global=True,
-        gmm_max_iter=10,
-        gmm_tol=1e-2,
-        gmm_reg_covar=5e-4,
-        num_networks=2,
-    )
-    unknown = set(overrides) - set(kwargs)
-    if unknown:
-        raise ValueError(f"Unknown GSC hyperparameters {sorted(unknown)}.")
-    kwargs.update(overrides)
-    return ml_collections.ConfigDict(kwargs)
+    """GSC's hyperparameters: the defaults of ``ncljax.methods.gsc`` (the spec's: paper
+    values, F30K GSC+ script), then ``overrides``."""
+    return method_kwargs("gsc", **overrides)
 
 
 # GSC's per-dataset settings (gsc.md Sec. 5.4): (gamma, lr decay period, epochs, networks).
@@ -250,23 +202,32 @@ GSC_PRESETS = {
     "code": {"f30k": (0.01, 15, 60, 2), "coco": (0.05, 15, 30, 2), "cc152k": (0.02, 20, 60, 2)},
     "single": {"f30k": (0.01, 15, 60, 1), "coco": (1.0, 20, 60, 1), "cc152k": (0.01, 15, 60, 1)},
 }
+# The intra-text structure of each preset: the GSC+ scripts' word-aligned form, or the
+# single-network code's attention form (the paper does not say which; see methods.gsc).
+GSC_TEXT_STRUCTURE = {"paper": "attention", "code": "aligned", "single": "attention"}
 
 
 def use_gsc(config, dataset: str, preset: str = "paper") -> ml_collections.ConfigDict:
     """GSC on the SGR backbone with the settings of ``preset`` for ``dataset``.
 
     ``'paper'``: the paper's values for every dataset (gamma 0.01, lr x0.2 every 15
-    epochs; 60 epochs as the F30K scripts; dual networks): the spec's default. ``'code'``:
-    the official GSC+ scripts (COCO gamma 0.05 and 30 epochs; CC152K gamma 0.02 and decay
-    every 20). ``'single'``: the official single-network GSC scripts (COCO's passes no
-    gamma and gets the argparse default 1.0, with decay every 20).
+    epochs; 60 epochs as the F30K scripts; dual networks; the attention form of the
+    intra-text structure): the spec's default. ``'code'``: the official GSC+ scripts
+    (COCO gamma 0.05 and 30 epochs; CC152K gamma 0.02 and decay every 20) and the GSC+
+    code's word-aligned intra-text structure. ``'single'``: the official single-network
+    GSC scripts (COCO's passes no gamma and gets the argparse default 1.0, with decay
+    every 20) and that code's attention form.
     """
     if preset not in GSC_PRESETS:
         raise ValueError(f"GSC preset must be one of {sorted(GSC_PRESETS)}, got {preset!r}.")
     gamma, decay_every, epochs, networks = GSC_PRESETS[preset][dataset]
     use_sgraf(config, "sgr")
     config.method = "gsc"
-    config.method_kwargs = gsc_kwargs(intra_weight=gamma, num_networks=networks)
+    config.method_kwargs = gsc_kwargs(
+        intra_weight=gamma,
+        num_networks=networks,
+        text_structure=GSC_TEXT_STRUCTURE[preset],
+    )
     config.optim.schedule, config.optim.decay_factor = "step", 0.2
     config.optim.decay_every = decay_every
     config.train.epochs, config.train.batch_size = epochs, 128

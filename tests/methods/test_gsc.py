@@ -308,8 +308,10 @@ def test_gsc_beats_vse_and_detects_the_noise_on_synthetic_data(tmp_path):
     assert gsc["noise_precision"] >= 0.9, gsc
 
 
-@pytest.mark.parametrize("kind", ["sgr", "saf"])
-def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind):
+@pytest.mark.parametrize(
+    ("kind", "text_form"), [("sgr", "attention"), ("saf", "attention"), ("saf", "aligned")]
+)
+def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind, text_form):
     """GSC's intra-modal passes (fresh VisualSA global vectors, SGRAF's image-image and
     text-text heads) on a padded batch equal those on its real pairs alone, running
     BatchNorm statistics included."""
@@ -328,7 +330,9 @@ def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind):
         def passes(state, inputs, graphdef=graphdef):
             model = nnx.merge(graphdef, state)
             outputs = model(inputs, train=True)
-            image_sim, text_sim = gsc_lib.intra_similarities(model, outputs, recompute=True)
+            image_sim, text_sim = gsc_lib.intra_similarities(
+                model, outputs, recompute=True, text_form=text_form
+            )
             return image_sim, text_sim, nnx.state(model)
 
         image_sim, text_sim, state = passes(state, jax.tree.map(jnp.asarray, inputs))

@@ -377,6 +377,32 @@ def np_sgraf_text_text(head, words, lengths, txt_glob, *, train=False, eps=GSC_I
     return _np_sgraf_pairs(head, len(words), nodes, train)
 
 
+def np_gsc_plus_text_text(head, words, lengths, txt_glob, *, train=False):
+    """GSC+'s ``h_TT`` ``[B, B]``, transcribed from the dual-network official code
+    (``forward_topology``): the batch padded to its longest caption ``L_b`` with zero
+    word vectors (``pad_packed_sequence``), pair ``(a, b)`` with local nodes
+    ``(u_bl - u_al)^2 + 1e-6`` for every ``l < L_b`` and the global node
+    ``(u_hat_b - u_hat_a)^2 + 1e-6``; no attention, no mask. SGR, or SAF in evaluation.
+    """
+    lengths = np.asarray(lengths)
+    longest = int(lengths.max())
+    words = np.asarray(words, np.float64)[:, :longest].copy()
+    for k, n in enumerate(lengths):
+        words[k, int(n) :] = 0.0
+    txt_glob = np.asarray(txt_glob, np.float64)
+    assert not train or head.kind == "sgr", "SAF batch statistics: one group of B^2 pairs"
+
+    def nodes(params, a):
+        group = []
+        for b in range(len(words)):
+            local = (words[b] - words[a]) ** 2 + 1e-6
+            glob = (txt_glob[b] - txt_glob[a]) ** 2 + 1e-6
+            group.append(np_sgraf_nodes(params, local, glob))
+        return np.stack(group)
+
+    return _np_sgraf_pairs(head, len(words), nodes, train)[0]
+
+
 def np_sgraf_model(model, batch):
     """``SGRAFModel`` in evaluation mode from raw inputs: encodings and raw logits.
 

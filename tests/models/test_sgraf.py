@@ -24,6 +24,7 @@ from ncljax.models.sgraf import (
 )
 from tests.models.oracles import (
     np_bn_params,
+    np_gsc_plus_text_text,
     np_sgraf_cross,
     np_sgraf_image_image,
     np_sgraf_model,
@@ -257,6 +258,39 @@ def test_text_text_matches_oracle(kind, train):
         np.testing.assert_allclose(saf_running(head)[1], running[1], rtol=RTOL, atol=ATOL)
     # G_T is not symmetric: row j = context caption, column i = query caption.
     assert np.abs(expected - expected.T).max() > 1e-2
+
+
+@pytest.mark.parametrize(("kind", "train"), [("sgr", False), ("sgr", True), ("saf", False)])
+def test_gsc_plus_text_text_matches_the_official_transcription(kind, train):
+    """The dual-network code's word-aligned ``h_TT``: symmetric, padding-blind inside the
+    batch's longest caption, and dependent on that length."""
+    head = make_head(kind, seed=17)
+    _, text = make_inputs(seed=17)
+    garbled = with_padding_garbage(text, 17)  # padded words are zero for the official code
+    expected = np_gsc_plus_text_text(head, text["words"], LENGTHS, text["glob"], train=train)
+    got = np.asarray(call(head, "text_text_aligned", garbled, train=train))
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got, got.T, atol=EXACT)
+    assert np.abs(got - np.asarray(call(head, "text_text", text, train=train))).max() > 1e-3
+    # Without the longest caption (7 words) the batch is padded to 5: every pair changes,
+    # and equals the transcription on that batch.
+    keep = np.flatnonzero(LENGTHS.max() > LENGTHS)  # drop the longest caption
+    shorter = {k: v[keep] for k, v in text.items()}
+    expected_short = np_gsc_plus_text_text(
+        head, shorter["words"], LENGTHS[keep], shorter["glob"], train=train
+    )
+    got_short = np.asarray(call(head, "text_text_aligned", shorter, train=train))
+    np.testing.assert_allclose(got_short, expected_short, rtol=RTOL, atol=ATOL)
+    assert np.abs(got_short - got[np.ix_(keep, keep)]).max() > 1e-4
+    # A padding caption of the batch (valid False) does not count towards L_b.
+    padded = {**shorter, "valid": np.ones(len(keep), bool)}
+    extra = {k: v[LENGTHS.argmax()][None] for k, v in text.items()}
+    padded = {k: np.concatenate([padded[k], extra[k]]) for k in shorter}
+    padded["valid"] = np.arange(len(keep) + 1) < len(keep)
+    got_padded = np.asarray(call(head, "text_text_aligned", padded, train=train))
+    np.testing.assert_allclose(
+        got_padded[: len(keep), : len(keep)], expected_short, rtol=RTOL, atol=ATOL
+    )
 
 
 def test_intra_modal_epsilons_in_float64():

@@ -53,6 +53,17 @@ def test_gsc_configs_train_on_precomp_files(tmp_path, name):
     assert all(math.isfinite(results[k]) for k in ("i2t_r1", "t2i_r1", "rsum"))
 
 
+@pytest.mark.parametrize("dataset", ["f30k", "coco", "cc152k"])
+def test_gsc_presets_name_their_text_structure(dataset):
+    """The official GSC+ scripts' preset uses that code's word-aligned intra-text structure;
+    the paper's and the single-network presets the attention form."""
+    forms = {}
+    for preset in ("", "code", "single"):
+        config = load_config(f"gsc_{dataset}", preset)
+        forms[preset] = (config.method_kwargs.text_structure, config.method_kwargs.num_networks)
+    assert forms == {"": ("attention", 2), "code": ("aligned", 2), "single": ("attention", 1)}
+
+
 @pytest.mark.parametrize(
     "name",
     [
