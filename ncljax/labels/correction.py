@@ -375,7 +375,8 @@ def consistent_cost(
         and the cost ranks samples by how *concentrated* their vote is rather than by
         its magnitude, which the consistency ratios and neighbour similarities inflate
         (``b_i`` scales with ``C_i`` and the local density); see ``uot_rcl``'s
-        ``vote_normalise``.
+        ``vote_normalise``. A row with no vote (all entries at or below the floor) keeps
+        the maximum cost :math:`-\log\delta_b` in every class.
 
     Returns:
       ``[N, K]`` cost :math:`C_S`.
@@ -396,9 +397,15 @@ def consistent_cost(
     bracket = (
         sg(_as_float(c_image))[:, None] * vote_image + sg(_as_float(c_text))[:, None] * vote_text
     )
-    bracket = jnp.maximum(bracket, vote_floor)
+    floored = jnp.maximum(bracket, vote_floor)
     if normalise:
-        bracket = jnp.maximum(bracket / jnp.sum(bracket, axis=-1, keepdims=True), vote_floor)
+        # A row with no vote at all (every entry at the floor) has no class to be
+        # concentrated on: it keeps the floor, the maximum cost, rather than becoming a
+        # uniform distribution (cost log K, cheaper than a confident wrong vote).
+        empty = jnp.all(bracket <= vote_floor, axis=-1, keepdims=True)
+        share = jnp.maximum(floored / jnp.sum(floored, axis=-1, keepdims=True), vote_floor)
+        floored = jnp.where(empty, vote_floor, share)
+    bracket = floored
     cost = -jnp.log(bracket)
     if shift:
         cost = cost - jnp.min(cost)

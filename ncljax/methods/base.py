@@ -31,7 +31,9 @@ epoch as its ``EpochPlan`` says.
    ``stats_fn(outputs, batch) -> dict of [B, ...]``; then the trainer first runs an
    eval-mode forward pass of every network over the training pairs (in shuffled
    batches of the training size) and hands the collected ``[N, ...]`` arrays (ordered
-   by index) to ``refresh_fn``.
+   by index) to ``refresh_fn``. A degenerate estimate (a GMM over equal values, an OT
+   solve that did not converge) is logged there with ``logging.warning`` (the host
+   reads the flag) and, where the method has one, the previous estimate is kept.
 4. ``plan_fn(epoch) -> EpochPlan`` describes the epoch: its static phase, whether to
    refresh first, whether the networks train together or in turn, how many sequential
    optimiser updates a step makes and on which stream, optimiser resets, the epoch the

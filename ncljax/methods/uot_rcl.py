@@ -26,6 +26,7 @@ default. The model needs ``model.classifier=True`` (unit prototypes, temperature
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ def uot_rcl(
     mass_start: float = 0.2,
     mass_end: float = 0.8,
     label_epsilon: float = 0.05,
-    label_corner: float = 0.0,
+    label_corner: float = 30.0,
     label_threshold: float = 1e-6,
     label_max_iterations: int = 5000,
     class_marginal: str = "uniform",
@@ -78,8 +79,9 @@ def uot_rcl(
       mass_end: transported mass at the last epoch (0.8).
       label_epsilon: entropic regularisation of the partial OT on the shifted cost (0.05;
         not in the paper).
-      label_corner: cost of the dummy-dummy corner (0 as the paper; ``max C`` is the
-        strict-partial option).
+      label_corner: cost of the dummy-dummy corner in units of ``label_epsilon`` (30: the
+        transported mass is exactly ``s``; 0 is the paper's matrix, which transports more
+        when costs tie at the minimum; see ``ncljax.labels.partial_ot_labels``).
       label_threshold: Sinkhorn threshold of the partial OT (1e-6).
       label_max_iterations: Sinkhorn iterations cap of the partial OT.
       class_marginal: ``'uniform'`` (the paper's example, ``1/K``) or ``'empirical'``
@@ -204,7 +206,7 @@ def uot_rcl(
             neighbours=neighbours,
             momentum=momentum,
             epsilon=label_epsilon,
-            corner=label_corner,
+            corner=label_corner * label_epsilon,
             threshold=label_threshold,
             max_iterations=label_max_iterations,
             confident=confident,
@@ -238,6 +240,15 @@ def uot_rcl(
             state.update(
                 anchor_z_image=stats["z_image"][confident_set.index],
                 anchor_z_text=stats["z_text"][confident_set.index],
+            )
+        if not bool(result.converged):
+            logging.warning(
+                "uot_rcl: the label partial OT of epoch %d did not converge in %d Sinkhorn "
+                "iterations (threshold %g); its labels are approximate. Raise "
+                "method_kwargs.label_max_iterations or label_epsilon.",
+                ctx.epoch,
+                int(result.n_iters),
+                label_threshold,
             )
         diagnostics = {
             "mass": float(mass),

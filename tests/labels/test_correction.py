@@ -132,7 +132,7 @@ def np_consistent_cost(c_v, c_t, knn_v, knn_t, y_v, y_t, vote_floor, shift, norm
                 k = index.shape[1]
                 b += weight * sum(float(sim[i, j]) * float(y[index[i, j], c]) for j in range(k)) / k
             votes.append(max(b, vote_floor))
-        if normalise:
+        if normalise and max(votes) > vote_floor:  # a row without a vote keeps the floor
             votes = [max(v / sum(votes), vote_floor) for v in votes]
         cost[i] = [-math.log(v) for v in votes]
     return cost - cost.min() if shift else cost
@@ -410,6 +410,31 @@ def test_normalised_consistent_cost_matches_numpy(shift):
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-5)
     if not shift:  # every row is -log of a distribution over classes
         np.testing.assert_allclose(np.exp(-got).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_normalised_cost_of_a_sample_without_votes_is_the_maximum():
+    """A sample whose neighbours all vote 0 (or negatively) has no class to be concentrated
+    on: its row costs -log(floor) everywhere, the most expensive, not the uniform log K."""
+    knn = (jnp.array([[1], [0], [0]]), jnp.array([[0.5], [0.5], [-0.4]]))
+    y = jnp.array([[0.0, 0.0, 0.0], [0.2, 0.5, 0.3], [0.9, 0.1, 0.0]])
+    ones = jnp.ones(3)
+    cost = np.asarray(_consistent_cost(ones, ones, knn, knn, y, y, shift=False, normalise=True))
+    floor_cost = -math.log(1e-8)
+    # Row 0 votes with sample 1's targets; row 1 with sample 0's (all zero); row 2 with
+    # sample 0's at a negative similarity.
+    np.testing.assert_allclose(cost[0], -np.log([0.2, 0.5, 0.3]), atol=1e-5)
+    np.testing.assert_allclose(cost[1], floor_cost, rtol=1e-6)
+    np.testing.assert_allclose(cost[2], floor_cost, rtol=1e-6)
+    assert cost[1].min() > cost[0].max()
+    args = [np.asarray(a) for a in (ones, ones)] + [
+        tuple(np.asarray(x) for x in knn),
+        tuple(np.asarray(x) for x in knn),
+        np.asarray(y),
+        np.asarray(y),
+    ]
+    ref = np_consistent_cost(*args, vote_floor=1e-8, shift=True, normalise=True)
+    got = np.asarray(_consistent_cost(ones, ones, knn, knn, y, y, shift=True, normalise=True))
+    np.testing.assert_allclose(got, ref, atol=1e-4)
 
 
 def test_normalised_cost_ignores_the_vote_scale():

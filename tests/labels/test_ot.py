@@ -33,11 +33,11 @@ _partial_jit = jax.jit(partial_ot_labels, static_argnames=("threshold", "max_ite
 relation_jit = jax.jit(relation_plan, static_argnames=("threshold", "max_iterations"))
 
 
-def partial_jit(cost, *, mass, epsilon, corner=0.0, **kwargs):
+def partial_jit(cost, *, mass, epsilon, corner=None, **kwargs):
     """Passes every traced scalar as a Python float: one compile per shape and static setting."""
-    return _partial_jit(
-        cost, mass=float(mass), epsilon=float(epsilon), corner=float(corner), **kwargs
-    )
+    if corner is not None:
+        kwargs["corner"] = float(corner)
+    return _partial_jit(cost, mass=float(mass), epsilon=float(epsilon), **kwargs)
 
 
 # --------------------------------------------------------------------------- references
@@ -68,10 +68,12 @@ def _augment(cost, mass, r, corner=0.0):
     return cost_aug, a, b
 
 
-def _np_partial_sinkhorn(cost, mass, eps, r=None, corner=0.0, tol=1e-12):
-    """R1 on the dummy-point augmented problem; returns the real block [N, K]."""
+def _np_partial_sinkhorn(cost, mass, eps, r=None, corner=None, tol=1e-12):
+    """R1 on the dummy-point augmented problem (corner ``None``: the library's default
+    ``30 eps``); returns the real block [N, K]."""
     n, k = cost.shape
     r = np.full(k, 1.0 / k) if r is None else r
+    corner = 30 * eps if corner is None else corner
     return _np_sinkhorn(*_augment(cost, mass, r, corner), eps, tol=tol)[:n, :k]
 
 
@@ -238,11 +240,33 @@ def test_partial_corner_zero_leakage_vanishes_with_epsilon():
     rng = np.random.default_rng(0)
     cost = jnp.asarray(_vote_cost(rng, 300, 10), jnp.float32)
     excess = [
-        float(partial_jit(cost, mass=0.2, epsilon=eps).mass) - 0.2 for eps in (0.1, 0.05, 0.01)
+        float(partial_jit(cost, mass=0.2, epsilon=eps, corner=0.0).mass) - 0.2
+        for eps in (0.1, 0.05, 0.01)
     ]
     assert excess[0] > 1e-3  # visible leakage at epsilon = 0.1 for a small mass
     assert excess[0] > excess[1] > abs(excess[2])
     assert abs(excess[2]) <= 1e-4
+
+
+@pytest.mark.parametrize("epsilon", [0.01, 0.05, 0.1])
+@pytest.mark.parametrize("kind", ["all_tied", "tied_near_min"])
+def test_partial_default_corner_transports_exactly_s_on_tied_costs(kind, epsilon):
+    """With the paper's zero corner, costs tied at the minimum make extra mass free (0.56
+    instead of 0.2 when every cost ties); the default corner (30 epsilon) transports s, and
+    the exact LP of the partial problem does too."""
+    rng = np.random.default_rng(0)
+    n, k, mass = 300, 10, 0.2
+    # All tied, or a vote-like cost rounded to 0.1: many entries tie at and near the minimum.
+    tied = kind == "all_tied"
+    cost = np.zeros((n, k)) if tied else np.round(rng.exponential(0.5, (n, k)), 1)
+    c32 = jnp.asarray(cost, jnp.float32)
+    zero = float(partial_jit(c32, mass=mass, epsilon=epsilon, corner=0.0).mass)
+    assert zero > mass + 0.05
+    out = partial_jit(c32, mass=mass, epsilon=epsilon)
+    assert bool(out.converged)
+    assert float(out.mass) == pytest.approx(mass, abs=1e-5)
+    lp = _lp_partial(cost - cost.min(), np.full(n, 1.0 / n), np.full(k, 1.0 / k), mass)
+    assert lp.sum() == pytest.approx(mass, abs=1e-9)
 
 
 def test_partial_approaches_lp_as_epsilon_shrinks():
@@ -283,8 +307,8 @@ def test_partial_negative_cost_regression():
     raw_lp = _lp_balanced(*_augment(cost, mass, np.full(k, 1.0 / k)))
     assert raw_lp[:n, :k].sum() > mass + 0.3
     cost32 = jnp.asarray(cost, jnp.float32)
-    raw = partial_jit(cost32, mass=mass, epsilon=0.05, shift=False)
-    shifted = partial_jit(cost32, mass=mass, epsilon=0.05, shift=True)
+    raw = partial_jit(cost32, mass=mass, epsilon=0.05, corner=0.0, shift=False)
+    shifted = partial_jit(cost32, mass=mass, epsilon=0.05, corner=0.0, shift=True)
     assert bool(raw.converged)
     assert bool(shifted.converged)
     assert float(raw.mass) > mass + 0.3

@@ -3,6 +3,7 @@ per-epoch refresh, 1 device against 8, and end-to-end label correction on synthe
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -260,6 +261,20 @@ def test_refresh_fills_targets_labels_anchors_and_diagnostics(labelled):
     labels, selected = method.label_estimate_fn(memory)
     np.testing.assert_array_equal(labels, q.argmax(1))
     np.testing.assert_array_equal(selected, q.sum(1) > 0.5)
+
+
+def test_unconverged_label_ot_is_logged_as_a_warning(labelled, caplog):
+    info, pairs, _ = labelled
+    method = methods.build_method("uot_rcl", {"neighbours": 5, "label_max_iterations": 2})
+    with caplog.at_level(logging.WARNING):
+        _, diag, _ = _main_memory(method, info, pairs, jax.random.key(0))
+    assert diag["ot_converged"] == 0.0
+    assert "label partial OT of epoch 2 did not converge in" in caplog.text
+    caplog.clear()
+    method = methods.build_method("uot_rcl", {"neighbours": 5})
+    with caplog.at_level(logging.WARNING):
+        _main_memory(method, info, pairs, jax.random.key(0))
+    assert "did not converge" not in caplog.text
 
 
 def test_refresh_during_warmup_changes_nothing(labelled):
