@@ -309,7 +309,12 @@ def test_gsc_beats_vse_and_detects_the_noise_on_synthetic_data(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("kind", "text_form"), [("sgr", "attention"), ("saf", "attention"), ("saf", "aligned")]
+    ("kind", "text_form"),
+    [
+        pytest.param("sgr", "attention", marks=pytest.mark.slow),  # SAF holds every BatchNorm
+        ("saf", "attention"),
+        ("saf", "aligned"),
+    ],
 )
 def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind, text_form):
     """GSC's intra-modal passes (fresh VisualSA global vectors, SGRAF's image-image and

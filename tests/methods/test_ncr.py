@@ -202,7 +202,14 @@ def _two_epochs(config):
     return config
 
 
-@pytest.mark.parametrize("backbone", ["regions", "global"])
+@pytest.mark.parametrize(
+    "backbone",
+    [
+        # 50 s on 2 cores; region/token inputs are covered fast by the SGR real configs.
+        pytest.param("regions", marks=pytest.mark.slow),
+        "global",
+    ],
+)
 def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, backbone):
     config = _two_epochs(ncr_config("synthetic,quick"))
     if backbone == "global":

@@ -32,12 +32,14 @@ def _small_run(config, tmp_path, *, batch):
     return train_and_evaluate(config, str(tmp_path / "run"))
 
 
-SLOW = pytest.mark.slow  # 35-50 s each on 2 cores (SGR compiles); one stays in the default run
+SLOW = pytest.mark.slow  # 35-50 s each on 2 cores (SGR compiles); NCR f30k stays in the default run
 
 
 @pytest.mark.parametrize(
     "name",
-    ["gsc_f30k", pytest.param("gsc_coco", marks=SLOW), pytest.param("gsc_cc152k", marks=SLOW)],
+    # All slow: GSC's SGR passes are tested in tests/methods/test_gsc.py, the precomp
+    # path with SGR end to end by the NCR config below.
+    [pytest.param(f"gsc_{d}", marks=SLOW) for d in ("f30k", "coco", "cc152k")],
 )
 def test_gsc_configs_train_on_precomp_files(tmp_path, name):
     write_release(str(tmp_path / "manual"), name.split("_")[1])
@@ -46,6 +48,7 @@ def test_gsc_configs_train_on_precomp_files(tmp_path, name):
     config.eval.coco_5fold = False  # its 3 test images hold no 1K fold
     m = config.model
     m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
+    m.remat = False  # compiles in about half the time; remat is tested in tests/models
     if name == "gsc_cc152k":
         config.method_kwargs.warmup_epochs = 0  # one epoch: reach the GSC phase at once
     results = _small_run(config, tmp_path, batch=4)
@@ -97,6 +100,7 @@ def test_ncr_configs_train_on_precomp_files(tmp_path, dataset):
     config.eval.coco_5fold = False
     m = config.model
     m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
+    m.remat = False  # compiles in about half the time; remat is tested in tests/models
     results = _small_run(config, tmp_path, batch=4)
     assert config.method == "ncr" and config.model.head == "sgr"
     assert config.method_kwargs.num_networks == 2
