@@ -145,7 +145,7 @@ def partial_ot_labels(
     is :math:`s` plus the corner's mass), at the price :math:`C_{ik} + A` against the
     zero-cost dummy row and column. With :math:`A = 0` (the paper's matrix) a real cell
     at the minimum cost, :math:`C_{ik} = 0`, makes that free: the exact problem has
-    solutions with any mass between :math:`s` and more, and the entropic one spreads over
+    optimal plans that transport more than :math:`s`, and the entropic one spreads over
     them, transporting 0.56 instead of 0.2 when all costs tie and 0.30 to 0.37 on a
     cost whose values tie near the minimum. Any :math:`A > 0` makes the exact problem
     transport exactly :math:`s` (Chapel et al. 2020, Prop. 1); in the entropic problem
