@@ -118,9 +118,9 @@ def gsc_intra_modal_indicator(
     r"""GSC's intra-modal indicator over the training set (Eq. 4).
 
     Min-max normalises the scores :math:`\bar u = (u - \min u)/(\max u - \min u)`, fits a
-    two-component GMM by EM (:func:`ncljax.labels.fit_gmm_1d`, deterministic 2-means
-    initialisation instead of sklearn's seeded k-means) and returns the posterior of the
-    component with the larger mean, the clean one.
+    two-component GMM by EM (:func:`ncljax.labels.fit_gmm_1d`: sklearn's estimator,
+    started from the optimal 2-means partition instead of a random k-means++ one) and
+    returns the posterior of the component with the larger mean, the clean one.
 
     Args:
       scores: ``[N]`` intra-modal scores (``topo_buf``).
