@@ -20,13 +20,8 @@ pairs (11% by chance), so L_BHG pulls mismatched classes together. The real-data
 configs keep the paper's 0.4; set ``--config.method_kwargs.relation_weight=0.4`` to run
 the full objective here.
 
-The cost of the partial OT is vote-normalised (``vote_normalise=True``, a departure from
-the paper's Eq. 8: each sample's blended neighbour vote is divided by its sum before
-``-log``). The literal cost lowers whole rows by the vote's magnitude, so the first,
-smallest masses go to the samples with the densest neighbourhoods rather than the clearest
-labels; ``benchmarks/uot_vote_normalise.py`` reproduces the transported-label accuracy of
-both on the synthetic data. ``--config.method_kwargs.vote_normalise=False`` runs the
-paper's cost.
+The partial OT's cost is vote-normalised, not Eq. 8 as printed (why: ``uot_rcl``'s
+``vote_normalise``; figures: ``benchmarks/uot_vote_normalise.py``); ``=False`` is the paper's.
 
 Reference: Han et al., "A Unified Optimal Transport Framework for Cross-Modal Retrieval
 with Noisy Labels", arXiv 2403.13480, 2024.

@@ -14,13 +14,8 @@ class, momentum 0.99, lambda 0.4, mass 0.2 -> 0.8. The released file goes in
 ``data.manual_dir`` (see ``ncljax/data/labelled.py``); without it the run stops with
 one message saying which file to put where.
 
-The cost of the partial OT is vote-normalised (``vote_normalise=True``, a departure from
-the paper's Eq. 8: each sample's blended neighbour vote is divided by its sum before
-``-log``). The literal cost lowers whole rows by the vote's magnitude, so the first,
-smallest masses go to the samples with the densest neighbourhoods rather than the clearest
-labels; ``benchmarks/uot_vote_normalise.py`` reproduces the transported-label accuracy of
-both on the synthetic data. ``--config.method_kwargs.vote_normalise=False`` runs the
-paper's cost.
+The partial OT's cost is vote-normalised, not Eq. 8 as printed (why: ``uot_rcl``'s
+``vote_normalise``; figures: ``benchmarks/uot_vote_normalise.py``); ``=False`` is the paper's.
 
 Reference: Han et al., "A Unified Optimal Transport Framework for Cross-Modal Retrieval
 with Noisy Labels", arXiv 2403.13480, 2024.
