@@ -33,6 +33,9 @@ already 0-based files; robust to a split that lacks class 0), recorded as
 ``metadata['label_offset']``. The number of classes is one more than the largest shifted
 label. INRIA's labels are shifted the same way (MRL leaves them as they are).
 
+A split whose image features, or whose text features, are all zero (a placeholder file)
+is refused when preparing; single all-zero rows are kept.
+
 Preparation needs no TensorFlow as long as each split fits TFDS's 1 GB in-memory sort
 buffer; all four releases do (NUS-WIDE's training split, the largest, is ~0.76 GB).
 
@@ -581,16 +584,27 @@ class _LabelledBuilder(prepared.Builder, skip_registration=True):
         path = _manual_path(dl_manager, release)
         layout = _layout(path, release.kind, self.builder_config)
         self.info.metadata.update(layout.metadata)
-        return {split: self._generate_examples(path, layout.parts[split]) for split in SPLITS}
+        return {
+            split: self._generate_examples(path, split, layout.parts[split]) for split in SPLITS
+        }
 
-    def _generate_examples(self, path: str, part: _Part):
+    def _generate_examples(self, path: str, split: str, part: _Part):
+        """The pairs of ``split``, checked: finite, and neither modality all zero.
+
+        An all-zero row may be legitimate; a split whose image (or text) features are all
+        zero is a placeholder, on which a collapsed model would score perfectly. Whether
+        any value is non-zero is known from the one pass that writes.
+        """
         kind, float16 = self.RELEASE.kind, self.builder_config.float16
+        seen_nonzero = {part.image: False, part.text: False}
         with _ARRAYS[kind](path) as get:
             image, text = get(part.image), get(part.text)
             for start in range(part.start, part.stop, _CHUNK):
                 stop = min(start + _CHUNK, part.stop)
                 images = _read_rows(image, start, stop)
                 texts = _read_rows(text, start, stop)
+                for name, rows in ((part.image, images), (part.text, texts)):
+                    seen_nonzero[name] = seen_nonzero[name] or bool(rows.any())
                 images = _feature_rows(path, kind, part.image, images, start, float16)
                 texts = _feature_rows(path, kind, part.text, texts, start, float16)
                 for j in range(stop - start):
@@ -605,6 +619,13 @@ class _LabelledBuilder(prepared.Builder, skip_registration=True):
                             "index": index,
                         },
                     )
+        for name, nonzero in seen_nonzero.items():
+            if not nonzero:
+                raise ValueError(
+                    f"{path}: the features of split '{split}' ({name}, rows {part.start} to "
+                    f"{part.stop - 1}) are all zero; the file is probably a placeholder or was "
+                    "not written completely: download it again or re-extract the features."
+                )
 
 
 def _default_config(name: str) -> LabelledConfig:
@@ -816,8 +837,6 @@ def load(cfg) -> LabelledDataset:
         if not os.path.isfile(path):
             raise _missing_file(path, _RELEASES[cfg.name])
     data_sources = prepared.prepare(tfds_builder, manual)
-    for split in SPLITS:
-        prepared.check_order(data_sources[split], f"{cfg.name}/{split}")
     return LabelledDataset(cfg.name, data_sources, tfds_builder.info.metadata)
 
 

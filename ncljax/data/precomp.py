@@ -34,7 +34,8 @@ the size of the split. Regions are stored as raw float32 (or float16: half the d
 bytes, which ArrayRecord compresses.
 
 Nothing is silently truncated: ``data.max_length`` is the padded caption length (0:
-the longest caption) and a shorter positive value is an error. Validation uses the
+the longest caption) and a shorter positive value is an error. A split whose region
+features are all zero (a placeholder file) is refused. Validation uses the
 first ``data.val_images`` images of ``dev`` and their captions (NCR: 1000 images for
 Flickr30K and MS-COCO).
 """
@@ -431,7 +432,7 @@ class _PrecompBuilder(prepared.Builder, skip_registration=True):
                 source_dtype={s: str(dtype) for s, (_, dtype) in inspected.items()},
             )
             return {
-                s: self._generate_examples(path=p, num_images=num_images[s])
+                s: self._generate_examples(split=s, path=p, num_images=num_images[s])
                 for s, p in files.images.items()
             }
         captions, vocab = self._read_all_captions(files, num_images)
@@ -464,18 +465,25 @@ class _PrecompBuilder(prepared.Builder, skip_registration=True):
             _check_count(release, path, len(caps), num_images[split], files.images[split])
         return encoded, vocab
 
-    def _generate_examples(self, *, path="", num_images=0, captions=()):
+    def _generate_examples(self, *, split="", path="", num_images=0, captions=()):
         """Images of ``path`` (``images`` configs) or the encoded ``captions``, in order."""
         if self.builder_config.part == "images":
-            yield from self._generate_images(path, num_images)
+            yield from self._generate_images(split, path, num_images)
             return
         cpi = self.RELEASE.captions_per_image
         for k, tokens in enumerate(captions):
             example = {"tokens": np.asarray(tokens, np.int32), "image_index": k // cpi, "index": k}
             yield prepared.ordered_key(k, len(captions)), example
 
-    def _generate_images(self, path: str, num_images: int):
+    def _generate_images(self, split: str, path: str, num_images: int):
+        """The images of ``path``, checked: finite, and not all zero.
+
+        An all-zero row is a legitimate image (padding); a split whose features are all
+        zero is a placeholder file, on which a collapsed model would score a perfect
+        recall. Whether any value is non-zero is known from the one pass that writes.
+        """
         float16 = self.builder_config.float16
+        seen_nonzero = False
         for i, regions in enumerate(_iter_images(path)):
             if not np.isfinite(regions).all():
                 raise ValueError(
@@ -487,8 +495,15 @@ class _PrecompBuilder(prepared.Builder, skip_registration=True):
                     f"{self.RELEASE.name}: image {i} of {path} holds values beyond the float16 "
                     f"range (|x| > {_FLOAT16_MAX:g}); set data.float16=False."
                 )
+            seen_nonzero = seen_nonzero or bool(regions.any())
             regions = regions.astype(np.float16) if float16 else regions
             yield prepared.ordered_key(i, num_images), {"regions": regions, "index": i}
+        if not seen_nonzero:
+            raise ValueError(
+                f"{self.RELEASE.name}: the region features of split '{split}' in {path} are "
+                "all zero; the file is probably a placeholder or was not written completely: "
+                "download or re-extract the features."
+            )
 
 
 def _instructions(release: Release) -> str:
@@ -549,7 +564,7 @@ class PrecompSplit:
     """One split of a prepared precomp dataset; implements ``sources.SplitSource``.
 
     Args:
-      images, captions: the ``as_data_source`` sources of the split.
+      images, captions: the records of the split (``prepared.SplitRecords``).
       num_images: images exposed (the first ``num_images`` of the prepared split).
       captions_per_image: captions per image.
       max_length: padded caption length.
@@ -664,9 +679,6 @@ def prepare(cfg) -> tuple[dict, dict, dict, dict]:
     if not all(b.is_prepared() for b in builders):
         locate(release, manual, tokenizer)  # fail before any slow preparation
     image_sources, caption_sources = (prepared.prepare(b, manual) for b in builders)
-    for builder, split_sources in zip(builders, (image_sources, caption_sources), strict=True):
-        for split, source in split_sources.items():
-            prepared.check_order(source, f"{builder.name}/{builder.builder_config.name}/{split}")
     image_meta, caption_meta = (b.info.metadata for b in builders)
     if dict(image_meta["num_images"]) != dict(caption_meta["num_images"]):
         raise ValueError(

@@ -5,21 +5,35 @@ whose examples are written to ArrayRecord **in generation order**
 (``DatasetInfo(disable_shuffling=True)`` and keys from ``ordered_key``), so the position
 of a record in a split is its dataset index and ``as_data_source`` gives random access by
 index without loading anything whole into memory. TensorFlow is not needed.
+
+``prepare`` is the one entry point: it prepares a builder once (under a lock, after
+removing what a killed preparation left behind) and opens its splits as
+``SplitRecords``, whose reads name the prepared directory when a file is damaged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import inspect
 import os
+import re
 import resource
+import shutil
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
+from tensorflow_datasets.core import constants
+
+# TFDS 4.x (``utils.incomplete_dir``) writes ``<folder>/<version>`` as
+# ``<folder>/incomplete.<6 of A-Z0-9>_<version>`` and renames it when done; a killed
+# preparation leaves it behind.
+_LEFTOVER = re.compile(re.escape(constants.INCOMPLETE_PREFIX) + r"[A-Z0-9]{6}_\d+\.\d+\.\d+")
+LOCK_FILE = ".prepare.lock"
 
 
 def ordered_key(index: int, num_examples: int) -> int:
@@ -93,28 +107,144 @@ def manual_dir(cfg, name: str) -> str:
     return os.path.join(data_dir(cfg), "downloads", "manual", name)
 
 
-def prepare(builder, manual: str) -> Mapping:
-    """Prepares ``builder`` from ``manual`` if needed; returns its split data sources.
+@contextlib.contextmanager
+def _preparation_lock(folder: str) -> Iterator[bool]:
+    """Holds an exclusive ``flock`` on ``<folder>/.prepare.lock``; waits for another holder.
+
+    Yields whether the lock is held: False on a file system without locks (some network
+    mounts), where preparation goes on unguarded.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LOCK_FILE)
+    with open(path, "a") as lock:  # closing it (or the process ending) releases the lock
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"Waiting for another process preparing data in {folder} (it holds {path}) ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as err:
+            print(f"Cannot lock {path} ({err}); preparing without a lock.")
+            yield False
+            return
+        yield True
+
+
+def remove_leftovers(folder: str) -> list[str]:
+    """Removes the ``incomplete.XXXXXX_<version>`` folders TFDS left in ``folder``.
+
+    Only call it while holding the preparation lock of ``folder``: the folder of a live
+    preparation has the same name.
+
+    Returns:
+      The removed paths (each also printed).
+    """
+    removed = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False) and _LEFTOVER.fullmatch(entry.name):
+            shutil.rmtree(entry.path)
+            print(f"Removed {entry.path}, left behind by an interrupted preparation.")
+            removed.append(entry.path)
+    return removed
+
+
+def prepare(builder, manual: str) -> dict[str, SplitRecords]:
+    """Prepares ``builder`` from ``manual`` if needed; opens and checks its splits.
+
+    Preparation holds an exclusive lock on ``<data_dir>/<name>/<config>/.prepare.lock``
+    (``fcntl.flock``, released when the process ends, however it ends): a second process
+    asking for the same dataset waits, then reads what the first one prepared. Under the
+    lock no other preparation of this dataset config is alive, so the
+    ``incomplete.XXXXXX_<version>`` folders of killed ones (a half-written split can take
+    tens of GB) are removed first. Where locks are unsupported, they are kept, and two
+    processes must not prepare the same dataset at once.
 
     The builder's ``_split_generators`` must check the manual files and raise one clear
     error (naming the file and the expected layout) when they are missing or malformed.
+
+    Returns:
+      ``{split: SplitRecords}``; the first, middle and last record of each were read
+      and are in index order (``check_order``).
+
+    Raises:
+      ValueError: naming the prepared directory, when a record cannot be read or the
+        records are out of order.
     """
     if not builder.is_prepared():
-        print(f"Preparing {builder.info.full_name} from {manual} into {builder.data_dir} ...")
-        with spill_without_tensorflow():
-            builder.download_and_prepare(
-                download_config=tfds.download.DownloadConfig(manual_dir=manual)
-            )
-    return builder.as_data_source()
+        folder = os.fspath(builder.data_path.parent)
+        with _preparation_lock(folder) as locked:
+            if builder.is_prepared():  # by the process this one waited for
+                builder.info.read_from_directory(builder.data_dir)
+            else:
+                if locked:
+                    remove_leftovers(folder)
+                print(
+                    f"Preparing {builder.info.full_name} from {manual} into {builder.data_dir} ..."
+                )
+                with spill_without_tensorflow():
+                    builder.download_and_prepare(
+                        download_config=tfds.download.DownloadConfig(manual_dir=manual)
+                    )
+    directory = os.fspath(builder.data_dir)
+    splits = {}
+    for split, source in builder.as_data_source().items():
+        splits[split] = SplitRecords(source, split, directory)
+        check_order(splits[split])
+    return splits
 
 
-def check_order(source, name: str) -> None:
-    """Refuses a prepared split whose records are not in index order (e.g. shuffled)."""
-    n = len(source)
-    for position in sorted({0, n // 2, n - 1}):
-        found = int(np.asarray(source[position]["index"]))
+class SplitRecords:
+    """The records of one prepared split by position (``len``, ``[position]``).
+
+    A damaged ArrayRecord file (truncated or overwritten after preparation) fails only
+    when a read reaches the damage, deep inside array_record, with ``Corrupted
+    Riegeli``, a decoding error or a missing-file error that names no dataset; here any
+    failed read of an existing position becomes one ``ValueError`` naming the prepared
+    directory and what to do. A read that succeeds costs nothing more.
+
+    Attributes:
+      split: the split name.
+      directory: the prepared directory ``<data_dir>/<name>/<config>/<version>``.
+    """
+
+    def __init__(self, source, split: str, directory: str):
+        self._source = source
+        self.split = split
+        self.directory = directory
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, position: int):
+        try:
+            return self._source[position]
+        except Exception as err:
+            n = len(self._source)
+            if isinstance(err, IndexError) and not -n <= position < n:
+                raise
+            raise self.damaged(
+                f"record {position} cannot be read ({type(err).__name__}: {err})"
+            ) from err
+
+    def damaged(
+        self,
+        problem: str,
+        cause: str = "its files were changed after preparation (truncated, overwritten or removed)",
+    ) -> ValueError:
+        """The error for a prepared split that must be prepared again."""
+        return ValueError(
+            f"The prepared split '{self.split}' in {self.directory} cannot be used: "
+            f"{problem}; {cause}. Delete {self.directory} and run again to prepare it anew."
+        )
+
+
+def check_order(records: SplitRecords) -> None:
+    """Reads the first, middle and last record of a split; refuses records out of index
+    order. A damaged file fails here, when the data is opened, rather than hours into
+    training."""
+    n = len(records)
+    for position in sorted({0, n // 2, n - 1}) if n else ():
+        found = int(np.asarray(records[position]["index"]))
         if found != position:
-            raise ValueError(
-                f"Prepared split {name} holds record {found} at position {position}; it was "
-                "written shuffled. Delete the prepared directory and prepare it again."
+            raise records.damaged(
+                f"it holds record {found} at position {position}", "it was written shuffled"
             )

@@ -247,6 +247,11 @@ def _validate(cfg) -> None:
     for name in ("num_train", "num_val", "num_test"):
         if cfg[name] < 1:
             raise ValueError(f"data.{name} must be positive, got {cfg[name]}.")
+    # Features are tanh of random projections, never all zero, unless they are empty: a
+    # size-0 feature makes every image (or caption) alike, as all-zero features would.
+    for name in ("region_dim", "image_dim", "text_dim"):
+        if cfg[name] < 1:
+            raise ValueError(f"data.{name} must be positive, got {cfg[name]}.")
 
 
 @sources.register("synthetic")

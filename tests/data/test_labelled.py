@@ -394,6 +394,42 @@ def test_not_an_hdf5_file(tmp_path):
         sources.load_dataset(data_config("wiki", tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("replace", "split", "where"),
+    [
+        ({"train_imgs_deep": np.zeros((10, 6), np.float32)}, "train", "train_imgs_deep, rows 0"),
+        # Validation is test rows 0-2 (test_head): only the test split's texts are zero.
+        (
+            {"test_text": np.vstack([np.ones((3, 4)), np.zeros((5, 4))]).astype(np.float32)},
+            "test",
+            "test_text, rows 3 to 7",
+        ),
+    ],
+    ids=["train_images", "test_texts"],
+)
+def test_a_split_of_all_zero_features_is_refused(tmp_path, replace, split, where):
+    """A placeholder features file would let a collapsed model score perfectly."""
+    write_mrl(tmp_path, "xmedianet", replace=replace)
+    cfg = data_config("xmedianet", tmp_path, valid_len=3)
+    with pytest.raises(ValueError) as err:
+        sources.load_dataset(cfg)
+    path = str(tmp_path / "manual" / FILES["xmedianet"])
+    assert str(err.value).startswith(f"{path}: the features of split '{split}' ({where}"), err.value
+    assert "are all zero" in str(err.value) and "re-extract the features" in str(err.value)
+    assert not labelled.builder(cfg).is_prepared()
+
+
+def test_all_zero_rows_are_kept(tmp_path):
+    images = np.random.default_rng(3).normal(size=(10, 6)).astype(np.float32)
+    images[[0, 9]] = 0
+    texts = np.ones((8, 4), np.float32)
+    texts[5] = 0
+    write_mrl(tmp_path, "xmedianet", replace={"train_imgs_deep": images, "test_text": texts})
+    ds = sources.load_dataset(data_config("xmedianet", tmp_path, valid_len=3))
+    np.testing.assert_array_equal(read_split(ds, "train")[0], images)
+    np.testing.assert_array_equal(read_split(ds, "test")[1], texts[3:])
+
+
 @pytest.mark.parametrize("rule", ["test_head", "train_tail"])
 def test_validation_size_must_fit(tmp_path, rule):
     write_mrl(tmp_path, "wiki")

@@ -358,6 +358,42 @@ def test_malformed_releases_give_one_clear_error(tmp_path, corrupt, error, file,
         assert "Expected layout" in message and "f30k_precomp/" in message
 
 
+def test_a_split_of_all_zero_features_is_refused_but_zero_images_are_kept(tmp_path):
+    """A placeholder features file would let a collapsed model score a perfect rSum."""
+    folder = write_release(tmp_path / "manual", "f30k")
+    ims = features("train", 4, 2048, 0)
+    ims[1] = 0  # one all-zero image (e.g. padding) is legitimate
+    np.save(os.path.join(folder, "train_ims.npy"), ims)
+    np.save(os.path.join(folder, "test_ims.npy"), np.zeros((2, 36, 2048), np.float32))
+    cfg = config("f30k", tmp_path)
+    with pytest.raises(ValueError) as info:
+        load(cfg)
+    path = os.path.join(folder, "test_ims.npy")
+    assert str(info.value) == (
+        f"f30k: the region features of split 'test' in {path} are all zero; the file is "
+        "probably a placeholder or was not written completely: download or re-extract the "
+        "features."
+    )
+    np.save(path, features("test", 2, 2048, 0))
+    train = load(cfg).split("train")
+    assert not train.image(1, ("regions",))["regions"].any()
+    np.testing.assert_array_equal(train.image(2, ("regions",))["regions"], ims[2])
+
+
+def test_a_damaged_prepared_file_is_named_when_loading(tmp_path):
+    write_release(tmp_path / "manual", "f30k")
+    load(config("f30k", tmp_path))
+    directory = str(tmp_path / "prepared" / "f30k_precomp" / "captions" / "1.0.0")
+    (path,) = [n for n in os.listdir(directory) if n.startswith("f30k_precomp-val.array_record")]
+    with open(os.path.join(directory, path), "r+b") as f:
+        f.write(np.random.default_rng(0).bytes(os.path.getsize(f.name)))
+    with pytest.raises(ValueError) as info:
+        load(config("f30k", tmp_path))
+    message = str(info.value)
+    assert f"The prepared split 'val' in {directory} cannot be used" in message
+    assert "Corrupted Riegeli" in message and f"Delete {directory} and run again" in message
+
+
 def test_missing_release_names_the_file_and_where_it_is_published(tmp_path):
     os.makedirs(tmp_path / "manual")
     with pytest.raises(FileNotFoundError) as info:

@@ -332,6 +332,14 @@ def test_unknown_split_is_refused():
         ds.split("dev")
 
 
+@pytest.mark.parametrize("field", ["region_dim", "image_dim", "text_dim"])
+def test_empty_features_are_refused(field):
+    """The generated features are never all zero; size 0 is the one way to make them
+    carry nothing."""
+    with pytest.raises(ValueError, match=rf"data\.{field} must be positive, got 0"):
+        synthetic.SyntheticDataset(small_config(**{field: 0}))
+
+
 def test_too_short_max_length_is_refused_not_truncated():
     with pytest.raises(ValueError, match="raise it to at least 13"):
         synthetic.SyntheticDataset(small_config(max_length=6))
