@@ -1,10 +1,17 @@
 r"""Retrieval metrics (Recall@K, rSum, mAP@all) and noise-detection quality.
 
 Recall@K follows the SCAN / VSE++ protocol: every test image has ``captions_per_image``
-captions, caption ``k`` belongs to image ``k // captions_per_image``, and ranks are 0-based
-counts of strictly better candidates. The image-by-caption similarity matrix is never built in
-host memory: a pairwise ``sim_fn`` is evaluated on device in blocks of at most
-``image_chunk x text_chunk`` pairs and only per-row counts come back to the host.
+captions, caption ``k`` belongs to image ``k // captions_per_image``, and a query's 0-based rank
+is the number of candidates placed before its (best) ground truth. The image-by-caption
+similarity matrix is never built in host memory: a pairwise ``sim_fn`` is evaluated on device in
+blocks of at most ``image_chunk x text_chunk`` pairs and only per-row counts come back to the
+host.
+
+Ties favour nothing. Every metric is its expected value when tied candidates are put in a
+uniformly random order: Recall@K and ranks from the counts of strictly better and of tied
+negatives (exact, closed form), mAP@all from the tie groups of the sorted database (exact), the
+noise AUC with average ranks. A collapsed model (every similarity equal) therefore scores chance
+level, not a perfect rSum of 600, and a warning is logged when whole queries are tied.
 
 mAP@all follows MRL / UOT-RCL (category retrieval with cosine similarity over the whole
 database). Noise-detection quality compares a method's per-pair clean score with the known noise
@@ -22,15 +29,19 @@ References:
   Faghri et al., "VSE++: Improving Visual-Semantic Embeddings with Hard Negatives", BMVC 2018:
   COCO 5-fold 1K protocol.
   Hu et al., "Learning Cross-Modal Retrieval with Noisy Labels" (MRL), CVPR 2021: mAP@all.
+  McSherry and Najork, "Computing Information Retrieval Performance Measures Efficiently in the
+  Presence of Tied Scores", ECIR 2008: tie-aware (expected) precision and AP.
 """
 
 import functools
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.stats
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -38,6 +49,13 @@ from jax.typing import ArrayLike
 
 SimFn = Callable[[Any, Any], jax.Array]
 RECALL_KS = (1, 5, 10)
+# Similarities closer than TIE_ATOL + TIE_RTOL * max(|s|, |g|) to a ground-truth value g are ties.
+# Measured on CPU (float32): the ground-truth kernel ([1, cpi] blocks) and the sweep ([ci, ct]
+# blocks) give values of one cosine pair up to ~1.1e-7 apart in absolute terms, up to 1.5e-4
+# apart relative to a value near 0 (cancellation), and one SGR/SAF head output up to 2 ulps
+# (1.4e-7) apart. Without a tolerance a collapsed model wins or loses every tie by rounding.
+TIE_ATOL = 1e-6
+TIE_RTOL = 1e-6
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -130,6 +148,21 @@ def _ground_truth_block(
     return jax.vmap(own_captions)(image_block, caption_groups)
 
 
+class _BlockCounts(NamedTuple):
+    """Counts of one sweep block (device arrays)."""
+
+    i2t: jax.Array  # [2, ci] negatives above / tied with each image's best ground truth
+    t2i: jax.Array  # [2, ct] negative images above / tied with each caption's ground truth
+    nonfinite: jax.Array  # [] non-finite similarities among the real pairs
+
+
+def _compare(sim: jax.Array, reference: jax.Array, atol, rtol) -> tuple[jax.Array, jax.Array]:
+    """``(sim > reference, sim ~ reference)`` beyond / within ``atol + rtol * max(|.|, |.|)``."""
+    diff = sim - reference
+    tol = atol + rtol * jnp.maximum(jnp.abs(sim), jnp.abs(reference))
+    return diff > tol, jnp.abs(diff) <= tol
+
+
 @functools.partial(jax.jit, static_argnames="sim_fn")
 def _count_block(
     sim_fn: SimFn,
@@ -138,15 +171,17 @@ def _count_block(
     text_block: Any,
     image_best: jax.Array,
     text_gt: jax.Array,
-    image_start: ArrayLike,
-    text_start: ArrayLike,
-    num_images: ArrayLike,
-    captions_per_image: ArrayLike,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Strictly-better negatives in one ``[ci, ct]`` block, per image row and per caption column.
+    offsets: tuple[ArrayLike, ArrayLike, ArrayLike, ArrayLike],
+    tolerance: tuple[ArrayLike, ArrayLike],
+) -> _BlockCounts:
+    """Negatives above and tied with the ground truth in one ``[ci, ct]`` block.
 
-    Offsets and sizes are traced scalars, so every block of a sweep shares one compilation.
+    ``offsets = (image_start, text_start, num_images, captions_per_image)`` and ``tolerance =
+    (tie_atol, tie_rtol)`` are traced scalars, so every block of a sweep (and every tolerance)
+    shares one compilation.
     """
+    image_start, text_start, num_images, captions_per_image = offsets
+    tie_atol, tie_rtol = tolerance
     ci, ct = image_best.shape[0], text_gt.shape[0]
     sim = _similarity(sim_fn, params, image_block, text_block)
     _check_block_shape(sim, (ci, ct))
@@ -156,10 +191,17 @@ def _count_block(
     # Ground-truth pairs are excluded by index, so a pair never outranks itself even when its
     # block value differs from the ground-truth kernel's value by rounding.
     negative = real & (cols[None, :] // captions_per_image != rows[:, None])
-    i2t = jnp.sum(negative & (sim > image_best[:, None]), axis=1, dtype=jnp.int32)
-    t2i = jnp.sum(negative & (sim > text_gt[None, :]), axis=0, dtype=jnp.int32)
-    nonfinite = jnp.sum(real & ~jnp.isfinite(sim), dtype=jnp.int32)
-    return i2t, t2i, nonfinite
+    i2t_greater, i2t_tied = _compare(sim, image_best[:, None], tie_atol, tie_rtol)
+    t2i_greater, t2i_tied = _compare(sim, text_gt[None, :], tie_atol, tie_rtol)
+
+    def count(masks, axis):
+        return jnp.stack([jnp.sum(negative & m, axis=axis, dtype=jnp.int32) for m in masks])
+
+    return _BlockCounts(
+        i2t=count((i2t_greater, i2t_tied), 1),
+        t2i=count((t2i_greater, t2i_tied), 0),
+        nonfinite=jnp.sum(real & ~jnp.isfinite(sim), dtype=jnp.int32),
+    )
 
 
 # ------------------------------------------------------------------------------ Recall@K
@@ -203,6 +245,102 @@ def _ground_truth(
     return np.concatenate(_to_host(parts))[:num_images].reshape(-1)
 
 
+class RankCounts(NamedTuple):
+    r"""Where the ground truth of each query ranks, up to the order of tied candidates.
+
+    For a query, :math:`g` negatives are strictly more similar than its (best) ground truth,
+    :math:`t` negatives are tied with it and :math:`m \ge 1` ground-truth candidates share that
+    best value (image->text: the image's captions; always 1 for text->image). With the
+    :math:`t + m` tied candidates in a uniformly random order, the 0-based rank is
+    :math:`g + X`, :math:`X` the number of tied negatives placed before the first tied ground
+    truth:
+
+    .. math::
+
+        P(X \ge x) = \binom{t}{x} \Big/ \binom{t + m}{x}
+            = \prod_{j=0}^{x-1} \frac{t - j}{t + m - j}, \qquad
+        E[X] = \frac{t}{m + 1}, \qquad
+        P(g + X < K) = 1 - P(X \ge K - g) \ \ (K > g; \text{ else } 0).
+
+    For :math:`m = 1`, :math:`P(g + X < K) = \mathrm{clip}((K - g) / (t + 1), 0, 1)`. Without
+    ties (:math:`t = 0`) the rank is :math:`g` and every formula is the plain indicator.
+
+    Attributes:
+      greater: ``[n]`` int64 :math:`g`, negatives strictly above the ground truth.
+      tied: ``[n]`` int64 :math:`t`, negatives tied with it.
+      ground_truth_ties: ``[n]`` int64 :math:`m \ge 1`, ground truths at the best value.
+    """
+
+    greater: np.ndarray
+    tied: np.ndarray
+    ground_truth_ties: np.ndarray
+
+    @classmethod
+    def from_ranks(cls, ranks: ArrayLike) -> "RankCounts":
+        """Counts of plain 0-based integer ranks (no ties): ``(ranks, 0, 1)``."""
+        ranks = np.asarray(ranks)
+        if ranks.ndim != 1 or np.any(ranks < 0) or np.any(ranks != np.round(ranks)):
+            raise ValueError(f"ranks must be [n] non-negative integers, got {ranks!r}")
+        ranks = ranks.astype(np.int64)
+        return cls(ranks, np.zeros_like(ranks), np.ones_like(ranks))
+
+    def expected_rank(self) -> np.ndarray:
+        """``[n]`` float64 expected 0-based rank, :math:`g + t / (m + 1)`."""
+        return self.greater + self.tied / (self.ground_truth_ties + 1.0)
+
+    def hit_probability(self, k: int) -> np.ndarray:
+        """``[n]`` float64 probability that the ground truth ranks in the top ``k``."""
+        g, t, m = (np.asarray(x, np.int64)[:, None] for x in self)
+        j = np.arange(k)
+        # Factor j of P(X >= x); it is 0 once j >= t, where the denominator may reach 0.
+        factors = np.maximum(t - j, 0) / np.maximum(t + m - j, 1)
+        survival = np.concatenate([np.ones_like(factors[:, :1]), np.cumprod(factors, 1)], 1)
+        need = np.clip(k - g[:, 0], 0, k)  # the rank is below k iff X < need
+        miss = np.take_along_axis(survival, need[:, None], 1)[:, 0]
+        return np.where(need > 0, 1.0 - miss, 0.0)
+
+
+class RetrievalRanks(NamedTuple):
+    """:class:`RankCounts` of the image->text (``[n_img]``) and text->image (``[n_txt]``)
+    queries."""
+
+    i2t: RankCounts
+    t2i: RankCounts
+
+
+def _best_ground_truth(
+    text_gt: np.ndarray, cpi: int, tie_atol: float, tie_rtol: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per image: its best ground-truth value ``[n_img]`` and how many of its captions tie at
+    that value ``[n_img]`` (int64, at least 1)."""
+    groups = text_gt.reshape(-1, cpi).astype(np.float64)
+    best = groups.max(axis=1, keepdims=True)
+    tol = tie_atol + tie_rtol * np.maximum(np.abs(groups), np.abs(best))
+    ties = np.sum(np.abs(groups - best) <= tol, axis=1).astype(np.int64)
+    return best[:, 0].astype(text_gt.dtype), ties
+
+
+def _warn_if_all_tied(ranks: RetrievalRanks, num_images: int, cpi: int) -> None:
+    """Logs how many queries have every similarity equal (within the tie tolerance)."""
+    negatives = {"i2t": (num_images - 1) * cpi, "t2i": num_images - 1}
+    counts = {}
+    for name, c in ranks._asdict().items():
+        flat = (c.greater == 0) & (c.tied == negatives[name])
+        if name == "i2t":
+            flat &= c.ground_truth_ties == cpi
+        counts[name] = int(flat.sum()) if negatives[name] else 0
+    if counts["i2t"] or counts["t2i"]:
+        logging.warning(
+            "retrieval: %d of %d image->text and %d of %d text->image queries have all-equal "
+            "similarities (within the tie tolerance); the model has probably collapsed. Those "
+            "queries score chance level.",
+            counts["i2t"],
+            num_images,
+            counts["t2i"],
+            num_images * cpi,
+        )
+
+
 def retrieval_ranks(
     sim_fn: SimFn,
     images: Any,
@@ -213,25 +351,45 @@ def retrieval_ranks(
     text_chunk: int = 5000,
     mesh: Mesh | None = None,
     params: Any = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    r"""0-based image->text and text->image ranks, computed block by block on device.
+    tie_atol: float = TIE_ATOL,
+    tie_rtol: float = TIE_RTOL,
+) -> RetrievalRanks:
+    r"""Image->text and text->image rank counts, computed block by block on device.
 
     With :math:`s(i, k)` = ``sim_fn`` of image :math:`i` and caption :math:`k`,
-    :math:`m(k) = \lfloor k / \mathrm{cpi} \rfloor` the image of caption :math:`k`,
-    :math:`g_k = s(m(k), k)` and :math:`b_i = \max_{k: m(k) = i} g_k`:
+    :math:`\mu(k) = \lfloor k / \mathrm{cpi} \rfloor` the image of caption :math:`k`,
+    :math:`g_k = s(\mu(k), k)`, :math:`b_i = \max_{k: \mu(k) = i} g_k`, and
+    :math:`a \succ b \iff a - b > \tau(a, b)`, :math:`a \approx b \iff |a - b| \le \tau(a, b)`,
+    :math:`\tau(a, b) = \mathrm{atol} + \mathrm{rtol} \max(|a|, |b|)`:
 
     .. math::
 
-        r^{i2t}_i = |\{c : m(c) \neq i,\ s(i, c) > b_i\}|, \qquad
-        r^{t2i}_k = |\{j : j \neq m(k),\ s(j, k) > g_k\}|.
+        \mathrm{greater}^{i2t}_i = |\{c : \mu(c) \neq i,\ s(i, c) \succ b_i\}|, \quad
+        \mathrm{tied}^{i2t}_i = |\{c : \mu(c) \neq i,\ s(i, c) \approx b_i\}|, \quad
+        \mathrm{gt\_ties}^{i2t}_i = |\{k : \mu(k) = i,\ g_k \approx b_i\}|,
 
-    :math:`r^{i2t}_i` is the best 0-based rank of image :math:`i`'s ground-truth captions among
-    all captions, :math:`r^{t2i}_k` the 0-based rank of caption :math:`k`'s image among all
-    images. Ties are broken in favour of the ground truth (strict ``>``).
+        \mathrm{greater}^{t2i}_k = |\{j : j \neq \mu(k),\ s(j, k) \succ g_k\}|, \quad
+        \mathrm{tied}^{t2i}_k = |\{j : j \neq \mu(k),\ s(j, k) \approx g_k\}|, \quad
+        \mathrm{gt\_ties}^{t2i}_k = 1.
+
+    Image->text ranks the image's best ground-truth caption among all captions, text->image the
+    caption's image among all images. Ties favour nothing: :class:`RankCounts` gives the rank
+    distribution under a uniformly random order of tied candidates (without ties the rank is
+    ``greater``, the SCAN rank). A warning is logged when some query has all its similarities
+    tied (a collapsed model).
+
+    Tie tolerance: the ground-truth values :math:`g` come from a different kernel than the
+    sweep, so for equal true values the two float32 results differ by rounding (measured on CPU:
+    up to ~1e-7 absolute for a unit-vector cosine, however close to 0 the value, so a relative
+    tolerance alone does not suffice, and up to 2 ulps for SGR/SAF heads). Within
+    ``tie_atol + tie_rtol * max(|s|, |g|)`` values count as tied; the defaults (1e-6 each)
+    suit float32 similarities of order one (cosine, sigmoid, logits). Scale ``tie_atol`` with
+    the similarity; set both to 0 for exact comparisons; raise them for reduced-precision
+    similarities (bfloat16, TF32 matmuls).
 
     Algorithm: (a) the ground-truth similarities :math:`g` come from the block diagonal only
     (each image against its own ``cpi`` captions, ``sim_fn`` vmapped over ``[1, cpi]`` blocks);
-    (b) one sweep over all ``[image_chunk, text_chunk]`` blocks accumulates both counts. The
+    (b) one sweep over all ``[image_chunk, text_chunk]`` blocks accumulates the counts. The
     last partial blocks are padded to the full chunk size and masked, so each kernel compiles
     once per ``(sim_fn, block shape)``; the kernels are module-level and take ``sim_fn`` as a
     static argument, so a later call with the same function object reuses the compilation.
@@ -239,8 +397,7 @@ def retrieval_ranks(
     Args:
       sim_fn: jittable pure function ``(image_block, text_block) -> [ci, ct]`` similarity
         (higher is more similar), e.g. ``lambda i, t: i @ t.T``. It must be pairwise: entry
-        ``[a, b]`` depends only on image ``a`` and caption ``b``. Ground truth and sweep call it
-        on blocks of different shapes; values that differ only by rounding are effectively ties.
+        ``[a, b]`` depends only on image ``a`` and caption ``b``.
       images: pytree of arrays with leading axis ``n_img`` (``[n_img, D]`` embeddings, a dict of
         ``[n_img, R, D]`` region features, ...), numpy or jax.
       texts: pytree of arrays with leading axis ``n_txt = captions_per_image * n_img``.
@@ -254,16 +411,21 @@ def retrieval_ranks(
       params: optional pytree (e.g. model parameters); when given, ``sim_fn`` is called as
         ``sim_fn(params, image_block, text_block)``. It is traced, not static, so new values
         (every epoch's parameters) reuse the compilation.
+      tie_atol: absolute tie tolerance (default ``TIE_ATOL = 1e-6``).
+      tie_rtol: relative tie tolerance (default ``TIE_RTOL = 1e-6``, about 8 float32 ulps).
 
     Returns:
-      ``(i2t_rank, t2i_rank)``: int64 numpy arrays ``[n_img]`` and ``[n_txt]``.
+      ``RetrievalRanks(i2t, t2i)``: :class:`RankCounts` of ``[n_img]`` and ``[n_txt]`` queries
+      (int64 numpy arrays).
 
     Raises:
       ValueError: inconsistent leading axes, ``n_txt != cpi * n_img``, a bad ``sim_fn`` block
-        shape, or non-finite similarities.
+        shape, non-finite similarities or negative tolerances.
     """
     if image_chunk < 1 or text_chunk < 1:
         raise ValueError(f"chunks must be >= 1, got {image_chunk=} and {text_chunk=}")
+    if not (tie_atol >= 0 and tie_rtol >= 0):
+        raise ValueError(f"tie tolerances must be >= 0, got {tie_atol=} and {tie_rtol=}")
     images, texts = _as_arrays(images), _as_arrays(texts)
     cpi = captions_per_image
     num_images, num_texts = _check_retrieval_inputs(images, texts, cpi)
@@ -276,63 +438,82 @@ def retrieval_ranks(
     text_gt = _ground_truth(sim_fn, params, images, texts, cpi, gi, placement)
     if not np.all(np.isfinite(text_gt.astype(np.float32))):
         raise ValueError("sim_fn gave non-finite ground-truth similarities; check the features")
-    image_best = text_gt.reshape(num_images, cpi).max(axis=1)
-
-    i2t_rank = np.zeros(num_images, np.int64)
-    t2i_rank = np.zeros(num_texts, np.int64)
+    tolerance = (float(tie_atol), float(tie_rtol))
+    image_best, gt_ties = _best_ground_truth(text_gt, cpi, *tolerance)
+    i2t = np.zeros((2, num_images), np.int64)  # (greater, tied) per image
+    t2i = np.zeros((2, num_texts), np.int64)  # (greater, tied) per caption
     for i0 in range(0, num_images, ci):
         image_block = jax.device_put(_take_rows(images, i0, ci), rows)
-        best = jax.device_put(_take_rows(image_best, i0, ci), rows)
+        best_block = jax.device_put(_take_rows(image_best, i0, ci), rows)
         row_parts = []
         for t0 in range(0, num_texts, ct):
             text_block = jax.device_put(_take_rows(texts, t0, ct), columns)
             gt = jax.device_put(_take_rows(text_gt, t0, ct), columns)
+            offsets = (i0, t0, num_images, cpi)
             counts = _count_block(
-                sim_fn, params, image_block, text_block, best, gt, i0, t0, num_images, cpi
+                sim_fn, params, image_block, text_block, best_block, gt, offsets, tolerance
             )
             row_parts.append((t0, counts))
         # One sync per image chunk bounds the blocks in flight to one row of the sweep.
-        for (t0, _), (i2t, t2i, nonfinite) in zip(
-            row_parts, _to_host([c for _, c in row_parts]), strict=True
-        ):
-            if nonfinite:
+        for (t0, _), counts in zip(row_parts, _to_host([c for _, c in row_parts]), strict=True):
+            if counts.nonfinite:
                 raise ValueError(
-                    f"sim_fn gave {nonfinite} non-finite similarities in block (images {i0}.., "
-                    f"captions {t0}..); check the features and the model"
+                    f"sim_fn gave {counts.nonfinite} non-finite similarities in block (images "
+                    f"{i0}.., captions {t0}..); check the features and the model"
                 )
-            i2t_rank[i0 : i0 + ci] += i2t[: num_images - i0]
-            t2i_rank[t0 : t0 + ct] += t2i[: num_texts - t0]
-    return i2t_rank, t2i_rank
+            i2t[:, i0 : i0 + ci] += counts.i2t[:, : num_images - i0]
+            t2i[:, t0 : t0 + ct] += counts.t2i[:, : num_texts - t0]
+    ranks = RetrievalRanks(
+        i2t=RankCounts(i2t[0], i2t[1], gt_ties),
+        t2i=RankCounts(t2i[0], t2i[1], np.ones(num_texts, np.int64)),
+    )
+    _warn_if_all_tied(ranks, num_images, cpi)
+    return ranks
 
 
-def rank_metrics(i2t_rank: ArrayLike, t2i_rank: ArrayLike) -> dict[str, float]:
-    r"""Recall@{1,5,10}, rSum, median and mean rank from 0-based ranks (SCAN conventions).
+def _as_counts(ranks: Any) -> RankCounts:
+    if isinstance(ranks, RankCounts):
+        return RankCounts(*(np.asarray(x, np.int64) for x in ranks))
+    return RankCounts.from_ranks(ranks)
+
+
+def rank_metrics(i2t_rank: Any, t2i_rank: Any) -> dict[str, float]:
+    r"""Expected Recall@{1,5,10}, rSum, median and mean rank (SCAN conventions, fair ties).
+
+    With :math:`r_q` the 0-based rank of query :math:`q` under a uniformly random order of
+    tied candidates (:class:`RankCounts`):
 
     .. math::
 
-        \mathrm{R@K} = \frac{100}{N} \sum_q \mathbb 1[r_q < K], \quad
-        \mathrm{rSum} = \sum_{d \in \{i2t, t2i\}} \sum_{K \in \{1,5,10\}} \mathrm{R@K}_d, \quad
-        \mathrm{medr} = \lfloor \mathrm{median}(r + 1) \rfloor, \quad
-        \mathrm{meanr} = \mathrm{mean}(r + 1).
+        \mathrm{R@K} = \frac{100}{N} \sum_q P(r_q < K), \quad
+        \mathrm{rSum} = \sum_{d \in \{i2t, t2i\}} \sum_{K \in \{1,5,10\}} \mathrm{R@K}_d,
+
+        \mathrm{medr} = \lfloor \mathrm{median}_q (E[r_q] + 1) \rfloor, \quad
+        \mathrm{meanr} = \frac{1}{N} \sum_q (E[r_q] + 1).
+
+    Without ties :math:`r_q` is fixed and these are SCAN's values exactly; ``medr`` is the
+    median of the expected 1-based ranks, floored (SCAN floors the median rank).
 
     Args:
-      i2t_rank: ``[n_img]`` 0-based image->text ranks.
-      t2i_rank: ``[n_txt]`` 0-based text->image ranks.
+      i2t_rank: :class:`RankCounts` of the ``n_img`` image->text queries (as returned by
+        :func:`retrieval_ranks`), or ``[n_img]`` plain 0-based integer ranks.
+      t2i_rank: the same for the ``n_txt`` text->image queries.
 
     Returns:
       ``i2t_r1, i2t_r5, i2t_r10, t2i_r1, t2i_r5, t2i_r10, rsum, i2t_medr, i2t_meanr, t2i_medr,
       t2i_meanr`` as python floats (recalls in percent).
     """
-    ranks = {"i2t": np.asarray(i2t_rank), "t2i": np.asarray(t2i_rank)}
+    counts = {"i2t": _as_counts(i2t_rank), "t2i": _as_counts(t2i_rank)}
     metrics = {
-        f"{name}_r{k}": 100.0 * float(np.mean(rank < k))
-        for name, rank in ranks.items()
+        f"{name}_r{k}": 100.0 * float(np.mean(c.hit_probability(k)))
+        for name, c in counts.items()
         for k in RECALL_KS
     }
     metrics["rsum"] = float(sum(metrics.values()))
-    for name, rank in ranks.items():
-        metrics[f"{name}_medr"] = float(np.floor(np.median(rank + 1)))
-        metrics[f"{name}_meanr"] = float(np.mean(rank + 1))
+    for name, c in counts.items():
+        rank = c.expected_rank() + 1.0
+        metrics[f"{name}_medr"] = float(np.floor(np.median(rank)))
+        metrics[f"{name}_meanr"] = float(np.mean(rank))
     return metrics
 
 
@@ -346,13 +527,17 @@ def retrieval_metrics(
     text_chunk: int = 5000,
     mesh: Mesh | None = None,
     params: Any = None,
+    tie_atol: float = TIE_ATOL,
+    tie_rtol: float = TIE_RTOL,
 ) -> dict[str, float]:
     """Recall@K, rSum, medr and meanr in both directions (SCAN / VSE++ protocol).
 
     Image->text: an image's rank is the best rank of its ground-truth captions among all
-    captions. Text->image: a caption's rank is the rank of its image among all images. Ties go
-    to the ground truth. See :func:`retrieval_ranks` for the formulas, the blocking and the
-    arguments, and :func:`rank_metrics` for the metrics.
+    captions. Text->image: a caption's rank is the rank of its image among all images. Ties
+    favour nothing: the metrics are expectations over a uniformly random order of tied
+    candidates (all-equal similarities give chance level). See :func:`retrieval_ranks` for the
+    formulas, the tie tolerance, the blocking and the arguments, and :func:`rank_metrics` for
+    the metrics.
 
     Returns:
       Python floats: ``i2t_r1, i2t_r5, i2t_r10, t2i_r1, t2i_r5, t2i_r10`` (percent), ``rsum``
@@ -367,6 +552,8 @@ def retrieval_metrics(
         text_chunk=text_chunk,
         mesh=mesh,
         params=params,
+        tie_atol=tie_atol,
+        tie_rtol=tie_rtol,
     )
     return rank_metrics(*ranks)
 
@@ -390,8 +577,8 @@ def coco_5fold_metrics(
     Args:
       sim_fn, images, texts, captions_per_image: as in :func:`retrieval_metrics`.
       fold_images: images per fold (default 1000); must divide ``n_img``.
-      **chunks: ``image_chunk``, ``text_chunk``, ``mesh``, ``params`` for
-        :func:`retrieval_metrics`.
+      **chunks: ``image_chunk``, ``text_chunk``, ``mesh``, ``params``, ``tie_atol``,
+        ``tie_rtol`` for :func:`retrieval_metrics`.
 
     Returns:
       The keys of :func:`retrieval_metrics`, averaged over folds.
@@ -437,15 +624,34 @@ def _average_precision_block(
     database: jax.Array,
     database_labels: jax.Array,
 ) -> jax.Array:
-    """``[c]`` AP over the whole database for a block of queries (``database`` unit rows)."""
+    """``[c]`` expected AP over the whole database for a block of queries (``database`` unit
+    rows), tied database items in a uniformly random order (see :func:`mean_average_precision`).
+    """
     sim = jnp.matmul(_unit_rows(queries), database.T, precision=jax.lax.Precision.HIGHEST)
     # XLA sorts floats in total order (-0.0 < +0.0); make zero one key so such ties stay ties.
     key = jnp.where(sim == 0, 0.0, -sim)
-    order = jnp.argsort(key, axis=1, stable=True)
-    relevant = database_labels[order] == query_labels[:, None]
+    relevant = (database_labels[None, :] == query_labels[:, None]).astype(jnp.int32)
+    key, relevant = jax.lax.sort((key, relevant), dimension=1, num_keys=1)
+    num_items = sim.shape[1]
+    position = jnp.arange(num_items)
+    opens = jnp.ones_like(key[:, :1], bool)
+    starts = jnp.concatenate([opens, key[:, 1:] != key[:, :-1]], axis=1)
+    ends = jnp.concatenate([starts[:, 1:], opens], axis=1)
+    # First and last position of each item's tie group.
+    first = jax.lax.cummax(jnp.where(starts, position, 0), axis=1)
+    last = jax.lax.cummin(jnp.where(ends, position, num_items - 1), axis=1, reverse=True)
     hits = jnp.cumsum(relevant, axis=1, dtype=jnp.int32)
-    position = jnp.arange(1, sim.shape[1] + 1, dtype=sim.dtype)
-    precision_sum = jnp.sum(jnp.where(relevant, hits / position, 0.0), axis=1)
+    before = jnp.take_along_axis(hits - relevant, first, axis=1)  # relevant before the group
+    in_group = jnp.take_along_axis(hits, last, axis=1) - before
+    size = last - first + 1
+    # Given a relevant item at this position, the other relevant items of its group fall
+    # before it at rate (r - 1) / (n - 1).
+    rate = jnp.where(size > 1, (in_group - 1) / jnp.maximum(size - 1, 1), 0.0).astype(sim.dtype)
+    expected_hits = before + 1 + (position - first) * rate
+    # Without ties: (0 or 1) * (hits / j), bit for bit the untied AP.
+    rank = jnp.arange(1, num_items + 1, dtype=sim.dtype)
+    precision = (in_group / size).astype(sim.dtype) * (expected_hits / rank)
+    precision_sum = jnp.sum(precision, axis=1)
     num_relevant = hits[:, -1]
     return jnp.where(num_relevant > 0, precision_sum / jnp.maximum(num_relevant, 1), 0.0)
 
@@ -484,10 +690,26 @@ def mean_average_precision(
         \quad (\mathrm{AP} = 0 \text{ without relevant items}), \qquad
         \mathrm{mAP} = \frac{1}{N_q} \sum_q \mathrm{AP}(q).
 
-    Ties: the sort is STABLE on negated similarity, so tied database items keep database order
-    (MRL's numpy default argsort leaves their order unspecified). Rows are L2-normalised with
-    zero-norm rows kept at zero (similarity 0 to everything). Queries run on device in blocks of
-    ``chunk`` rows (last block padded, so one compilation) against the whole database.
+    Ties favour nothing: AP is its expectation over a uniformly random order within each group
+    of database items with equal similarity (``-0.0`` and ``+0.0`` are one value), computed
+    exactly (MRL's numpy argsort leaves their order unspecified, a stable sort would favour
+    database order). A group of :math:`n` items after :math:`o` others, holding :math:`r`
+    relevant items with :math:`h` relevant before it, adds to the precision sum
+
+    .. math::
+
+        \sum_{j=1}^{n} \frac{r}{n} \cdot
+            \frac{h + 1 + (j - 1) \frac{r - 1}{n - 1}}{o + j}
+        \quad (\text{the } \tfrac{r - 1}{n - 1} \text{ term is 0 for } n = 1):
+
+    position :math:`o + j` is relevant with probability :math:`r / n`, and then each of the
+    :math:`j - 1` group positions before it holds one of the other :math:`r - 1` relevant items
+    with probability :math:`(r - 1) / (n - 1)`. Without ties this is the AP above. All-zero
+    query or database embeddings give the AP of a random ranking. Ties are exact equality:
+    identical database rows give bitwise-equal similarities (one matmul). Rows are
+    L2-normalised with zero-norm rows kept at zero (similarity 0 to everything). Queries run on
+    device in blocks of ``chunk`` rows (last block padded, so one compilation) against the
+    whole database.
 
     Args:
       queries: ``[N_q, L]`` query embeddings.
@@ -504,6 +726,7 @@ def mean_average_precision(
     References:
       Hu et al., "Learning Cross-Modal Retrieval with Noisy Labels" (MRL), CVPR 2021;
       UOT-RCL spec section 7 (the paper's Eq. 20 is a mis-statement of this AP).
+      McSherry and Najork, ECIR 2008 (AP under tied scores).
     """
     queries, query_labels = _check_embeddings(queries, query_labels, "queries")
     database, database_labels = _check_embeddings(database, database_labels, "database")
@@ -555,25 +778,16 @@ def category_retrieval_metrics(
 # --------------------------------------------------------------------------- noise detection
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``values`` ascending, tied values sharing their mean rank."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-    stops = np.append(starts[1:], values.size)
-    ranks = np.empty(values.size, np.float64)
-    ranks[order] = np.repeat((starts + 1 + stops) / 2.0, stops - starts)
-    return ranks
-
-
 def noise_detection_metrics(
     clean_score: ArrayLike, clean_mask: ArrayLike, *, threshold: float = 0.5
 ) -> dict[str, float]:
     r"""How well a per-pair clean score separates clean from noisy training pairs (host numpy).
 
-    ROC AUC for the clean class by the Mann-Whitney statistic with average ranks for ties,
+    ROC AUC for the clean class by the Mann-Whitney statistic with average ranks for ties
+    (``scipy.stats.rankdata``),
     :math:`\mathrm{AUC} = (\sum_{k \in C} R_k - |C|(|C|+1)/2) / (|C|\,|N|)`, i.e. the
-    probability that a random clean pair scores above a random noisy one (ties count 1/2).
+    probability that a random clean pair scores above a random noisy one (ties count 1/2, the
+    expectation under a random order of tied scores, so ties favour neither class).
     Predicted clean means ``clean_score > threshold``; precision and recall are those of the
     predicted-clean set against the truly clean pairs. O(N log N), float64.
 
@@ -601,7 +815,7 @@ def noise_detection_metrics(
     num_clean = int(mask.sum())
     num_noisy = mask.size - num_clean
     if num_clean and num_noisy:
-        clean_rank_sum = _average_ranks(score)[mask].sum()
+        clean_rank_sum = scipy.stats.rankdata(score, method="average")[mask].sum()
         auc = (clean_rank_sum - num_clean * (num_clean + 1) / 2.0) / (num_clean * num_noisy)
     else:
         auc = float("nan")

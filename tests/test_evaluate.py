@@ -1,11 +1,16 @@
 """Tests for ncljax.evaluate against hand-worked values and brute-force numpy oracles."""
 
+import itertools
+import logging
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from sklearn import metrics as sklearn_metrics
 
 from ncljax import evaluate
 
@@ -74,6 +79,57 @@ def random_embeddings(seed, num_images, cpi, dim=16):
     return images.astype(np.float32), texts.astype(np.float32)
 
 
+def tied_embeddings(seed, num_images, cpi, dim=3):
+    """Small-integer embeddings: dot products are exact small integers, so ties abound."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(-1, 2, size=(num_images, dim))
+    noise = rng.integers(-1, 2, size=(num_images * cpi, dim))
+    texts = images.repeat(cpi, axis=0) + noise * (rng.random((num_images * cpi, 1)) < 0.5)
+    return images.astype(np.float32), texts.astype(np.float32)
+
+
+def enumerated_rank(values, is_ground_truth):
+    """Exact distribution of a query's 0-based rank over every order of its tied candidates.
+
+    Candidates above the best ground-truth value ``b`` always come first and those below ``b``
+    after every ground truth at ``b``, so only the order of the group tied at ``b`` matters.
+    Each of its ``(t + m)!`` orders is equally likely, and the first ground truth's position
+    depends only on the set of positions the ``m`` ground truths take: enumerating all
+    ``C(t + m, m)`` sets (each standing for ``m! t!`` orders) is the full enumeration.
+
+    Returns the ``[C(t + m, m)]`` equally likely ranks.
+    """
+    best = values[is_ground_truth].max()
+    above = np.sum(values > best)
+    group = values == best
+    size, m = int(group.sum()), int(np.sum(group & is_ground_truth))
+    firsts = [min(positions) for positions in itertools.combinations(range(size), m)]
+    return above + np.array(firsts)
+
+
+def enumerated_metrics(sim, cpi):
+    """Expected SCAN metrics from :func:`enumerated_rank`, and the per-query expectations."""
+    num_images, num_texts = sim.shape
+    owner = np.arange(num_texts) // cpi
+    ranks = {
+        "i2t": [enumerated_rank(sim[i], owner == i) for i in range(num_images)],
+        "t2i": [
+            enumerated_rank(sim[:, k], np.arange(num_images) == owner[k]) for k in range(num_texts)
+        ],
+    }
+    out, per_query = {}, {}
+    for name, dists in ranks.items():
+        hits = {k: np.array([np.mean(d < k) for d in dists]) for k in (1, 5, 10)}
+        expected = np.array([d.mean() for d in dists])
+        per_query[name] = (hits, expected)
+        for k in (1, 5, 10):
+            out[f"{name}_r{k}"] = 100.0 * hits[k].mean()
+        out[f"{name}_medr"] = np.floor(np.median(expected + 1))
+        out[f"{name}_meanr"] = np.mean(expected + 1)
+    out["rsum"] = sum(out[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+    return out, per_query
+
+
 # ------------------------------------------------------------------------------ Recall@K
 
 
@@ -95,8 +151,11 @@ def test_recall_hand_worked_two_captions_per_image():
     images = np.eye(3, dtype=np.float32)  # one-hot images make sim_fn return texts.T exactly
     texts = sim.T.copy()
     i2t, t2i = evaluate.retrieval_ranks(dot_sim, images, texts, captions_per_image=2)
-    np.testing.assert_array_equal(i2t, [0, 3, 0])
-    np.testing.assert_array_equal(t2i, [0, 2, 1, 2, 1, 2])
+    np.testing.assert_array_equal(i2t.greater, [0, 3, 0])
+    np.testing.assert_array_equal(t2i.greater, [0, 2, 1, 2, 1, 2])
+    for counts in (i2t, t2i):  # no ties: the rank is the count of better negatives
+        assert not counts.tied.any() and (counts.ground_truth_ties == 1).all()
+        np.testing.assert_array_equal(counts.expected_rank(), counts.greater)
     got = evaluate.retrieval_metrics(
         dot_sim, images, texts, captions_per_image=2, image_chunk=2, text_chunk=4
     )
@@ -116,21 +175,29 @@ def test_recall_hand_worked_two_captions_per_image():
     assert_metrics_close(got, want)
 
 
-def test_recall_hand_worked_one_caption_per_image_ties_favour_ground_truth():
+def test_recall_hand_worked_one_caption_per_image_ties_are_fair():
+    # Was "ties favour the ground truth" (img0 ranked 0); a tie is now a coin flip.
     sim = np.array([[0.5, 0.5, 0.1], [0.6, 0.2, 0.3], [0.1, 0.9, 0.7]], np.float32)
-    # i2t: img0 GT 0.5 ties cap1 (tie -> GT first) -> 0; img1 GT 0.2 < 0.6, 0.3 -> 2;
-    # img2 GT 0.7 < 0.9 -> 1.
+    # i2t: img0 GT 0.5 ties cap1 -> greater 0, tied 1: rank 0 or 1, each with probability 1/2;
+    # img1 GT 0.2 < 0.6, 0.3 -> 2; img2 GT 0.7 < 0.9 -> 1.
     # t2i: cap0 GT 0.5 < 0.6 -> 1; cap1 GT 0.2 < 0.5, 0.9 -> 2; cap2 GT 0.7 highest -> 0.
     images = np.eye(3, dtype=np.float32)
     i2t, t2i = evaluate.retrieval_ranks(dot_sim, images, sim.T.copy(), captions_per_image=1)
-    np.testing.assert_array_equal(i2t, [0, 2, 1])
-    np.testing.assert_array_equal(t2i, [1, 2, 0])
+    np.testing.assert_array_equal(i2t.greater, [0, 2, 1])
+    np.testing.assert_array_equal(i2t.tied, [1, 0, 0])
+    np.testing.assert_array_equal(t2i.greater, [1, 2, 0])
+    np.testing.assert_array_equal(t2i.tied, [0, 0, 0])
+    np.testing.assert_allclose(i2t.expected_rank(), [0.5, 2, 1])
+    np.testing.assert_allclose(i2t.hit_probability(1), [0.5, 0, 0])
     got = evaluate.retrieval_metrics(dot_sim, images, sim.T.copy(), captions_per_image=1)
+    assert got["i2t_r1"] == pytest.approx(100 / 6, abs=1e-9)  # (1/2 + 0 + 0) / 3
+    assert got["t2i_r1"] == pytest.approx(100 / 3, abs=1e-9)
+    assert got["i2t_meanr"] == pytest.approx(6.5 / 3, abs=1e-12)  # (1.5 + 3 + 2) / 3
+    assert got["i2t_medr"] == 2.0
+    assert got["t2i_meanr"] == pytest.approx(2.0, abs=1e-12)
+    assert got["t2i_medr"] == 2.0
     for name in ("i2t", "t2i"):
-        assert got[f"{name}_r1"] == pytest.approx(100 / 3, abs=1e-9)
         assert got[f"{name}_r5"] == got[f"{name}_r10"] == 100.0
-        assert got[f"{name}_medr"] == 2.0
-        assert got[f"{name}_meanr"] == pytest.approx(2.0, abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -151,8 +218,9 @@ def test_ranks_match_brute_force(image_chunk, text_chunk):
         text_chunk=text_chunk,
     )
     want_i2t, want_t2i = brute_force_ranks(sim, cpi)
-    np.testing.assert_array_equal(i2t, want_i2t)
-    np.testing.assert_array_equal(t2i, want_t2i)
+    np.testing.assert_array_equal(i2t.greater, want_i2t)
+    np.testing.assert_array_equal(t2i.greater, want_t2i)
+    assert not i2t.tied.any() and not t2i.tied.any()
     got = evaluate.retrieval_metrics(
         dot_sim,
         images,
@@ -247,6 +315,18 @@ def test_sharded_inputs_and_mesh_match_single_device(devices):
     assert_metrics_close(want, brute_force_metrics(sim, cpi))
 
 
+def test_ties_with_mesh_match_single_device(devices):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    images, texts = tied_embeddings(10, 10, 2)
+    kwargs = {"captions_per_image": 2, "image_chunk": 4, "text_chunk": 6}
+    want = evaluate.retrieval_ranks(dot_sim, images, texts, **kwargs)
+    assert want.i2t.tied.any() and want.t2i.tied.any()
+    got = evaluate.retrieval_ranks(dot_sim, images, texts, mesh=mesh, **kwargs)
+    for want_counts, got_counts in zip(want, got, strict=True):
+        for want_array, got_array in zip(want_counts, got_counts, strict=True):
+            np.testing.assert_array_equal(got_array, want_array)
+
+
 def test_retrieval_input_errors():
     images, texts = random_embeddings(6, 4, 5)
     with pytest.raises(ValueError, match="captions_per_image \\* n_img"):
@@ -265,29 +345,165 @@ def test_retrieval_input_errors():
         evaluate.retrieval_metrics(dot_sim, bad, texts, captions_per_image=5)
 
 
+@pytest.mark.parametrize(("num_images", "cpi", "seed"), [(9, 1, 10), (6, 2, 10), (3, 5, 11)])
+def test_recall_with_ties_matches_enumeration(num_images, cpi, seed):
+    images, texts = tied_embeddings(seed, num_images, cpi)
+    sim = images.astype(np.float64) @ texts.astype(np.float64).T
+    want, per_query = enumerated_metrics(sim, cpi)
+    kwargs = {"captions_per_image": cpi, "image_chunk": 2, "text_chunk": 4}
+    ranks = evaluate.retrieval_ranks(dot_sim, images, texts, **kwargs)
+    assert ranks.i2t.tied.any() and ranks.t2i.tied.any()  # the data does tie
+    if cpi > 1:
+        assert (ranks.i2t.ground_truth_ties > 1).any()
+    for name, counts in ranks._asdict().items():
+        hits, expected = per_query[name]
+        np.testing.assert_allclose(counts.expected_rank(), expected, rtol=0, atol=1e-12)
+        for k in (1, 5, 10):
+            np.testing.assert_allclose(counts.hit_probability(k), hits[k], rtol=0, atol=1e-12)
+    assert_metrics_close(evaluate.retrieval_metrics(dot_sim, images, texts, **kwargs), want)
+    assert_metrics_close(evaluate.rank_metrics(*ranks), want)
+
+
+@pytest.mark.parametrize(("num_images", "cpi"), [(20, 1), (4, 5)])
+def test_all_zero_embeddings_score_chance_level(num_images, cpi, caplog):
+    images = np.zeros((num_images, 4), np.float32)
+    texts = np.zeros((num_images * cpi, 4), np.float32)
+    with caplog.at_level(logging.WARNING):
+        got = evaluate.retrieval_metrics(
+            dot_sim, images, texts, captions_per_image=cpi, image_chunk=3, text_chunk=7
+        )
+    num_texts = num_images * cpi
+    chance = 0.0
+    for k in (1, 5, 10):
+        # i2t: one of the image's cpi captions among the first k of a random order.
+        i2t = 100 * (1 - math.comb(num_texts - cpi, k) / math.comb(num_texts, k))
+        t2i = 100 * min(k, num_images) / num_images
+        assert got[f"i2t_r{k}"] == pytest.approx(i2t, abs=1e-9)
+        assert got[f"t2i_r{k}"] == pytest.approx(t2i, abs=1e-9)
+        chance += i2t + t2i
+    assert got["rsum"] == pytest.approx(chance, abs=1e-9)  # not 600
+    # Expected 1-based rank of the first of cpi ground truths among num_texts: (n + 1)/(cpi + 1).
+    assert got["i2t_meanr"] == pytest.approx((num_texts + 1) / (cpi + 1), abs=1e-12)
+    assert got["t2i_meanr"] == pytest.approx((num_images + 1) / 2, abs=1e-12)
+    assert got["t2i_medr"] == np.floor((num_images + 1) / 2)
+    warnings = [r for r in caplog.records if "all-equal similarities" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"{num_images} of {num_images} image->text" in warnings[0].getMessage()
+    assert f"{num_texts} of {num_texts} text->image" in warnings[0].getMessage()
+
+
+def test_random_data_logs_no_collapse_warning(caplog):
+    images, texts = random_embeddings(0, 37, 5)
+    with caplog.at_level(logging.WARNING):
+        evaluate.retrieval_metrics(dot_sim, images, texts, captions_per_image=5)
+    assert not caplog.records
+
+
+def test_collapsed_images_warn_for_text_to_image_only(caplog):
+    # Every image is the same vector: each caption's column is all-equal, image rows are not.
+    _, texts = random_embeddings(1, 6, 2, dim=4)
+    images = np.tile(np.float32([[1, 0, 0, 0]]), (6, 1))
+    with caplog.at_level(logging.WARNING):
+        got = evaluate.retrieval_metrics(dot_sim, images, texts, captions_per_image=2)
+    assert "0 of 6 image->text and 12 of 12 text->image" in caplog.records[0].getMessage()
+    assert got["t2i_r1"] == pytest.approx(100 / 6, abs=1e-9)
+
+
+def test_tie_tolerance_absorbs_cross_kernel_rounding():
+    """A ground-truth kernel that rounds up must not win every tie of a collapsed model."""
+    cpi, num_images = 2, 5
+
+    def rounds_up_on_ground_truth(image_block, text_block):
+        sim = jnp.matmul(image_block, text_block.T, precision=HIGHEST)
+        # The ground-truth kernel sees [1, cpi] blocks, the sweep [image_chunk, ...] blocks:
+        # nudge the former, as a different summation order could.
+        return sim * (1 + 3e-7) + 1e-7 if image_block.shape[0] == 1 else sim
+
+    images = np.zeros((num_images, 3), np.float32)
+    texts = np.zeros((num_images * cpi, 3), np.float32)
+    kwargs = {"captions_per_image": cpi, "image_chunk": 5}
+    exact = evaluate.retrieval_metrics(
+        rounds_up_on_ground_truth, images, texts, tie_atol=0.0, tie_rtol=0.0, **kwargs
+    )
+    assert exact["rsum"] == 600.0  # the bug: rounding decides every tie
+    want = evaluate.retrieval_metrics(dot_sim, images, texts, **kwargs)
+    assert want["t2i_r1"] == pytest.approx(20.0)
+    got = evaluate.retrieval_metrics(rounds_up_on_ground_truth, images, texts, **kwargs)
+    assert got == pytest.approx(want, abs=1e-9)
+    # Large similarities: the relative part of the tolerance takes over.
+    images = np.full((num_images, 3), 30.0, np.float32)
+    texts = np.full((num_images * cpi, 3), 40.0, np.float32)
+    got = evaluate.retrieval_metrics(
+        rounds_up_on_ground_truth, images, texts, tie_atol=0.0, **kwargs
+    )
+    assert got == pytest.approx(want, abs=1e-9)
+    with pytest.raises(ValueError, match="tolerances"):
+        evaluate.retrieval_metrics(dot_sim, images, texts, tie_atol=-1.0, **kwargs)
+
+
+def test_rank_metrics_of_plain_ranks_and_counts():
+    ranks = np.array([0, 3, 0, 12, 7])
+    counts = evaluate.RankCounts.from_ranks(ranks)
+    plain = evaluate.rank_metrics(ranks, ranks)
+    assert plain == evaluate.rank_metrics(counts, counts)
+    assert plain["i2t_r1"] == 40.0 and plain["i2t_r5"] == 60.0 and plain["i2t_r10"] == 80.0
+    assert plain["i2t_medr"] == 4.0 and plain["i2t_meanr"] == pytest.approx(5.4)
+    # g = 2 above, t = 6 tied, m = 3 tied ground truths: P(X >= x) = C(6, x) / C(9, x).
+    tied = evaluate.RankCounts(np.array([2]), np.array([6]), np.array([3]))
+    for k, want in ((1, 0.0), (2, 0.0), (3, 1 - 6 / 9), (5, 1 - 20 / 84), (9, 1.0)):
+        assert tied.hit_probability(k)[0] == pytest.approx(want, abs=1e-12)
+    assert tied.expected_rank()[0] == pytest.approx(2 + 6 / 4)
+    with pytest.raises(ValueError, match="integers"):
+        evaluate.rank_metrics(np.array([0.5]), np.array([0]))
+
+
 # ---------------------------------------------------------------------------------- mAP@all
 
 
-def numpy_map(queries, query_labels, database, database_labels):
-    """Loop oracle: cosine in float64, stable argsort of -sim, AP over the full ranking."""
+def unit_rows(x):
+    x = np.asarray(x, np.float64)
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norm > 0, norm, 1.0)
 
-    def unit(x):
-        x = np.asarray(x, np.float64)
-        norm = np.linalg.norm(x, axis=1, keepdims=True)
-        return x / np.where(norm > 0, norm, 1.0)
 
-    sim = unit(queries) @ unit(database).T
+def average_precision(relevant):
+    """AP of one ranking given as a bool vector in rank order (0 without relevant items)."""
+    if not relevant.any():
+        return 0.0
+    hit_positions = np.flatnonzero(relevant) + 1  # 1-based ranks of relevant items
+    return float(np.mean(np.arange(1, len(hit_positions) + 1) / hit_positions))
+
+
+def enumerated_ap(sim_row, relevant):
+    """Mean AP over EVERY order of the tied database items (all permutations of each tie group).
+
+    Each combination of per-group permutations is a tie-breaking priority; sorting by
+    (-similarity, priority) gives one ranking, and all of them are equally likely. Groups of
+    only relevant or only irrelevant items are skipped: their order does not change AP.
+    """
+    values, group = np.unique(sim_row, return_inverse=True)
+    groups = [np.flatnonzero(group == g) for g in range(len(values))]
+    groups = [g for g in groups if 0 < relevant[g].sum() < len(g)]
+    assert math.prod(math.factorial(len(g)) for g in groups) <= 10**5, "too many orders"
     aps = []
-    for q in range(len(queries)):
-        order = np.argsort(-sim[q], kind="stable")
-        relevant = database_labels[order] == query_labels[q]
-        if not relevant.any():
-            aps.append(0.0)
-            continue
-        hit_positions = np.flatnonzero(relevant) + 1  # 1-based ranks of relevant items
-        precisions = np.arange(1, len(hit_positions) + 1) / hit_positions
-        aps.append(precisions.mean())
+    for orders in itertools.product(*(itertools.permutations(g) for g in groups)):
+        priority = np.zeros(len(sim_row))
+        for members, order in zip(groups, orders, strict=True):
+            priority[list(order)] = np.arange(len(members))
+        ranking = np.lexsort((priority, -sim_row))
+        aps.append(average_precision(relevant[ranking]))
     return float(np.mean(aps))
+
+
+def numpy_map(queries, query_labels, database, database_labels):
+    """Loop oracle: cosine in float64, AP averaged over every order of tied items."""
+    sim = unit_rows(queries) @ unit_rows(database).T
+    database_labels = np.asarray(database_labels)
+    return float(
+        np.mean(
+            [enumerated_ap(sim[q], database_labels == query_labels[q]) for q in range(len(sim))]
+        )
+    )
 
 
 def test_map_hand_worked():
@@ -309,24 +525,51 @@ def test_map_hand_worked():
     assert evaluate.mean_average_precision(queries[2:], [2], database, database_labels) == 0.0
 
 
-def test_map_ties_keep_database_order():
+def test_map_ties_are_fair():
+    # Was "ties keep database order" (AP 0.5 or 1.0 depending on the order of the twins).
     query = np.array([[1.0, 0.0]])
     twins = np.array([[1.0, 0.0], [1.0, 0.0]])
-    # Both database items tie at cosine 1; the stable sort keeps database order.
-    assert evaluate.mean_average_precision(query, [0], twins, np.array([1, 0])) == 0.5
-    assert evaluate.mean_average_precision(query, [0], twins, np.array([0, 1])) == 1.0
-    # A zero query ties everything at 0: AP follows database order, (1/2 + 2/3) / 2.
+    # Both items tie at cosine 1: the relevant one is first or second, AP 1 or 1/2.
+    assert evaluate.mean_average_precision(query, [0], twins, np.array([1, 0])) == 0.75
+    assert evaluate.mean_average_precision(query, [0], twins, np.array([0, 1])) == 0.75
+    # A zero query ties everything at 0 (+0.0 and -0.0 alike): orders rrn, rnr, nrr of two
+    # relevant items and one other give AP 1, (1 + 2/3)/2, (1/2 + 2/3)/2.
     zero = np.zeros((1, 2))
     database = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
-    got = evaluate.mean_average_precision(zero, [0], database, np.array([1, 0, 0]))
-    assert got == pytest.approx((1 / 2 + 2 / 3) / 2, abs=1e-6)
+    want = (1 + 5 / 6 + 7 / 12) / 3
+    for labels in ([1, 0, 0], [0, 1, 0], [0, 0, 1]):
+        got = evaluate.mean_average_precision(zero, [0], database, np.array(labels))
+        assert got == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [2, 16])
+def test_map_with_ties_matches_enumeration(chunk):
+    rng = np.random.default_rng(22)  # 9 of the 10 queries have mixed tie groups
+    # Axis vectors, diagonals and zero: cosines tied exactly between duplicates in float32 and
+    # float64 alike; a zero query meets +0.0 and -0.0 (the (-1, -1) atom) similarities.
+    atoms = np.array([[1, 0], [0, 1], [-1, 0], [1, 1], [-1, -1], [0, 0]], np.float32)
+    database = atoms[rng.integers(0, 6, size=7)]
+    database_labels = rng.integers(0, 2, size=7)
+    queries = np.concatenate([atoms, atoms[rng.integers(0, 6, size=4)]])
+    query_labels = rng.integers(0, 3, size=10)  # label 2: nothing relevant
+    want = numpy_map(queries, query_labels, database, database_labels)
+    got = evaluate.mean_average_precision(
+        queries, query_labels, database, database_labels, chunk=chunk
+    )
+    assert got == pytest.approx(want, abs=1e-6)
+    # All-zero embeddings: one tie group, the AP of a random ranking, whatever the order.
+    zeros = np.zeros((7, 2), np.float32)
+    want = numpy_map(zeros[:1], [1], zeros, database_labels)
+    for perm in (np.arange(7), rng.permutation(7)):
+        got = evaluate.mean_average_precision(zeros[:3], [1, 1, 1], zeros, database_labels[perm])
+        assert got == pytest.approx(want, abs=1e-6)
 
 
 @pytest.mark.parametrize("chunk", [7, 64])
 def test_map_matches_numpy_oracle(chunk):
     rng = np.random.default_rng(7)
     database = rng.normal(size=(50, 16)).astype(np.float32)
-    database[40:] = database[:10]  # exact duplicates: ties broken by database order
+    database[40:] = database[:10]  # exact duplicates: tied pairs of items
     database_labels = rng.integers(0, 4, size=50)
     database_labels[40:] = (database_labels[:10] + 1) % 4
     queries = rng.normal(size=(30, 16)).astype(np.float32)
@@ -350,7 +593,9 @@ def test_map_sharded_matches_single_device(devices):
     mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rng = np.random.default_rng(8)
     queries = rng.normal(size=(24, 8)).astype(np.float32)
+    queries[:3] = 0.0  # every item tied
     database = rng.normal(size=(32, 8)).astype(np.float32)
+    database[20:] = database[:12]  # tied pairs
     query_labels, database_labels = rng.integers(0, 3, 24), rng.integers(0, 3, 32)
     want = evaluate.mean_average_precision(queries, query_labels, database, database_labels)
     rows = NamedSharding(mesh, P("data"))
@@ -361,7 +606,11 @@ def test_map_sharded_matches_single_device(devices):
         queries, query_labels, database, database_labels, chunk=5, mesh=mesh
     )
     assert got == pytest.approx(want, abs=1e-7)
-    assert want == pytest.approx(numpy_map(queries, query_labels, database, database_labels))
+    # The oracle enumerates tie orders: not the 32! orders of the zero queries.
+    rest = evaluate.mean_average_precision(queries[3:], query_labels[3:], database, database_labels)
+    assert rest == pytest.approx(
+        numpy_map(queries[3:], query_labels[3:], database, database_labels), abs=1e-6
+    )
 
 
 # --------------------------------------------------------------------------- noise detection
@@ -381,8 +630,11 @@ def test_noise_auc_matches_pair_counting_with_ties():
     got = evaluate.noise_detection_metrics(score, clean)
     assert got["noise_auc"] == pytest.approx(pairwise_auc(score, clean), abs=1e-12)
     assert 0.5 < got["noise_auc"] < 1.0
+    assert got["noise_auc"] == pytest.approx(sklearn_metrics.roc_auc_score(clean, score), abs=1e-12)
     flipped = evaluate.noise_detection_metrics(-score, clean)
     assert flipped["noise_auc"] == pytest.approx(1.0 - got["noise_auc"], abs=1e-12)
+    # Every score tied: no separation, AUC 1/2.
+    assert evaluate.noise_detection_metrics(np.zeros(300), clean)["noise_auc"] == 0.5
 
 
 def test_noise_precision_recall_hand_worked():

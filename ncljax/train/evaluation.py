@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -30,6 +31,67 @@ def _text_repr(model, batch):
 def _with_labels(forward):
     """``forward`` per network, plus the batch labels (global arrays, in batch order)."""
     return lambda params, model_state, batch: (forward(params, model_state, batch), batch["label"])
+
+
+# Items whose total variance is below this fraction of their mean square are (nearly) all the
+# same: the spread of their similarities is ~1e-3 of their scale or less.
+COLLAPSE_RATIO = 1e-6
+
+
+@jax.jit
+def _relative_variance(tree: Any) -> Any:
+    """Per leaf ``[n, K, ...]``: ``[K]`` variance over items (summed over features) / mean square.
+
+    ``sum_f Var_n(x[:, k, f]) / sum_f mean_n(x[:, k, f]^2)``, 0 for all-zero items.
+    """
+
+    def ratio(x):
+        x = x.reshape(x.shape[0], x.shape[1], -1).astype(jnp.float32)
+        variance = jnp.sum(jnp.var(x, axis=0), axis=-1)
+        mean_square = jnp.sum(jnp.mean(jnp.square(x), axis=0), axis=-1)
+        return jnp.where(mean_square > 0, variance / jnp.where(mean_square > 0, mean_square, 1), 0)
+
+    return jax.tree.map(ratio, tree)
+
+
+def warn_if_collapsed(representations: dict[str, dict], split_name: str) -> None:
+    """Logs a warning per modality whose representations are (nearly) the same for every item.
+
+    A floating leaf ``[n, K, ...]`` (``n > 1`` items, ``K`` networks) is collapsed when its
+    variance over items, summed over features, is at most ``COLLAPSE_RATIO`` times its mean
+    square for some network: a collapsed encoder or constant inputs, which tie every
+    similarity of a query.
+    One jitted reduction and one host transfer for all modalities; never raises on odd leaves
+    (integer or boolean ones, e.g. masks, are skipped).
+
+    Args:
+      representations: modality name (``'image'``, ``'text'``) -> dict of ``[n, K, ...]``
+        arrays, as :meth:`Evaluator.encode` produces them.
+      split_name: named in the warning.
+    """
+    leaves = {
+        modality: {
+            key: x
+            for key, x in tree.items()
+            if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2 and x.shape[0] > 1
+        }
+        for modality, tree in representations.items()
+    }
+    ratios = jax.device_get(_relative_variance(leaves))
+    for modality, tree in ratios.items():
+        collapsed = {
+            key: float(np.min(r)) for key, r in tree.items() if np.min(r) <= COLLAPSE_RATIO
+        }
+        if collapsed:
+            logging.warning(
+                "evaluation: the %s representations of split %r are (nearly) the same for every "
+                "item (variance / mean square across items: %s; threshold %g); the model has "
+                "probably collapsed and its retrieval metrics are near chance level.",
+                modality,
+                split_name,
+                ", ".join(f"{key} {value:.3g}" for key, value in collapsed.items()),
+                COLLAPSE_RATIO,
+            )
 
 
 def _network_similarity(graphdef, transform, params, image_block, text_block):
@@ -64,14 +126,15 @@ class Evaluator:
     def _encode(self, encode, state, record_fn, n):
         cfg = self._config
         outputs, labels = [], []
-        batches = pipeline.batches(
+        dataset = pipeline.batches(
             record_fn, n, batch_size=cfg.eval.batch_size, num_threads=cfg.data.num_threads
         )
-        for batch in batches:
-            device_batch = pipeline.to_device(batch, self._sharding)
-            out, label = encode(state.params, state.model_state, device_batch)
-            outputs.append(out)
-            labels.append(label)
+        with pipeline.reading(dataset) as batches:
+            for batch in batches:
+                device_batch = pipeline.to_device(batch, self._sharding)
+                out, label = encode(state.params, state.model_state, device_batch)
+                outputs.append(out)
+                labels.append(label)
         # [K, n, ...] -> [n, K, ...]: the evaluator's blocks take rows along the leading axis.
         out = jax.tree.map(lambda *xs: jnp.moveaxis(jnp.concatenate(xs, 1)[:, :n], 0, 1), *outputs)
         labels = jnp.concatenate(labels)[:n]
@@ -80,7 +143,11 @@ class Evaluator:
         return out, np.asarray(labels)
 
     def encode(self, state: TrainState, split_name: str) -> Encoded:
-        """Every image and caption of a split, encoded by every network of ``state``."""
+        """Every image and caption of a split, encoded by every network of ``state``.
+
+        Logs a warning (:func:`warn_if_collapsed`) when a modality's representations do not
+        vary across the split's items.
+        """
         split = self._dataset.split(split_name)
         images, image_labels = self._encode(
             self._encode_image,
@@ -94,6 +161,7 @@ class Evaluator:
             pipeline.caption_records(split, self._text_fields),
             split.num_captions,
         )
+        warn_if_collapsed({"image": images, "text": texts}, split_name)
         return Encoded(
             images,
             texts,

@@ -1,0 +1,104 @@
+"""Collapse warnings at validation: constant representations, all-equal similarities."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ncljax import methods, models
+from ncljax.data import sources
+from ncljax.methods import base
+from ncljax.train import evaluation
+from ncljax.train import mesh as mesh_lib
+from ncljax.train import state as state_lib
+from tests.train import test_loop
+
+
+def _messages(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_warn_if_collapsed_flags_constant_leaves_only(caplog):
+    rng = np.random.default_rng(0)
+    varied = rng.normal(size=(12, 2, 3, 4)).astype(np.float32)
+    constant = np.broadcast_to(rng.normal(size=(1, 2, 5)), (12, 2, 5)).astype(np.float32)
+    one_network = np.stack([rng.normal(size=(12, 5)), np.full((12, 5), 0.3)], 1)
+    with caplog.at_level(logging.WARNING):
+        evaluation.warn_if_collapsed(
+            {"image": {"regions": varied, "mask": np.ones((12, 2, 3), bool)}}, "val"
+        )
+        evaluation.warn_if_collapsed({"image": {"emb": varied[:1]}}, "val")  # one item
+        evaluation.warn_if_collapsed({}, "val")
+        assert not _messages(caplog)
+        evaluation.warn_if_collapsed(
+            {
+                "image": {"regions": varied, "glob": jnp.asarray(constant)},
+                "text": {"emb": np.zeros((12, 1, 5), np.float32)},
+            },
+            "test",
+        )
+        evaluation.warn_if_collapsed({"text": {"emb": one_network.astype(np.float32)}}, "val")
+    image, zero, second_network = _messages(caplog)
+    assert "image representations of split 'test'" in image
+    assert "glob" in image and "regions" not in image
+    assert "text representations of split 'test'" in zero and "emb 0" in zero
+    assert "text representations of split 'val'" in second_network
+    # Small but real spread (relative variance ~1e-4) is not a collapse.
+    caplog.clear()
+    nearly = np.full((12, 1, 5), 1.0, np.float32) + 1e-2 * rng.normal(size=(12, 1, 5))
+    with caplog.at_level(logging.WARNING):
+        evaluation.warn_if_collapsed({"image": {"emb": nearly.astype(np.float32)}}, "val")
+    assert not _messages(caplog)
+
+
+@pytest.fixture(scope="module")
+def evaluator_and_state():
+    config = test_loop.tiny(test_loop.load_config("ce_synthetic"), epochs=1)
+    config.eval.kind = "recall"  # also exercises the all-equal similarity warning
+    config.eval.batch_size = 16
+    dataset = sources.load_dataset(config.data)
+    method = methods.build_method(config.method, config.method_kwargs)
+    graphdef, state = state_lib.create(
+        model_fn=lambda rngs: models.build_model(config.model, dataset.info, rngs),
+        tx=optax.identity(),
+        memory=method.init_memory(base.InitContext(1, dataset.info, None, None)),
+        num_networks=method.num_networks,
+        seed=0,
+    )
+    mesh = mesh_lib.make_mesh(1)
+    evaluator = evaluation.Evaluator(
+        graphdef,
+        dataset,
+        config,
+        mesh,
+        transform=method.eval_transform,
+        fields=models.input_fields(config.model),
+    )
+    return evaluator, state, mesh, config.data.num_val
+
+
+def test_evaluator_warns_on_collapsed_image_encoder(evaluator_and_state, caplog):
+    evaluator, state, mesh, num_val = evaluator_and_state
+    with jax.set_mesh(mesh), caplog.at_level(logging.WARNING):
+        evaluator(state, "val")
+    assert not _messages(caplog)
+    # The image encoder's last layer ignores its input: every image embeds to one vector.
+    last = state.params["image_encoder"]["layers"][2]
+    params = {**state.params}
+    params["image_encoder"] = {
+        "layers": {
+            **state.params["image_encoder"]["layers"],
+            2: {"kernel": jnp.zeros_like(last["kernel"]), "bias": jnp.ones_like(last["bias"])},
+        }
+    }
+    with jax.set_mesh(mesh), caplog.at_level(logging.WARNING):
+        collapsed = evaluator(state._replace(params=params), "val")
+    image, retrieval = _messages(caplog)
+    assert "image representations of split 'val'" in image and "emb" in image
+    assert f"0 of {num_val} image->text and {num_val} of {num_val} text->image" in retrieval
+    # Every caption's images tie: text->image is chance level, not 100.
+    for k in (1, 5, 10):
+        assert collapsed[f"t2i_r{k}"] == pytest.approx(100 * min(k, num_val) / num_val)
