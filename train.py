@@ -15,6 +15,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ncljax.train import train_and_evaluate
+from ncljax.train.checkpoint import CheckpointError
+from ncljax.train.rundir import WorkdirLocked
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/quickstart.py[:quick].", lock_config=True
@@ -41,13 +43,23 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    path = config_flags.get_config_filename(flags.FLAGS["config"])
+    if not os.path.isfile(path):
+        sys.exit(
+            f"Config file {path} not found; pass an existing file, e.g. configs/quickstart.py."
+        )
     workdir = _WORKDIR.value
     if workdir is None:
-        path = config_flags.get_config_filename(flags.FLAGS["config"])
         workdir = os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
     try:
         train_and_evaluate(_CONFIG.value, workdir)
-    except (FileNotFoundError, ValueError, FloatingPointError) as e:
+    except (
+        OSError,  # an unwritable or full workdir, a missing dataset file
+        ValueError,  # a bad config field, malformed data
+        FloatingPointError,  # a non-finite loss
+        CheckpointError,  # no checkpoint can be restored or written
+        WorkdirLocked,  # another run uses the workdir
+    ) as e:
         if flags.FLAGS.verbosity > 0:  # -v 1: the whole traceback
             raise
         sys.exit(f"{type(e).__name__}: {e}")

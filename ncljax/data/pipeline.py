@@ -16,8 +16,9 @@ is Grain's, so its position is checkpointable (``get_state``/``set_state``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import grain
@@ -322,6 +323,17 @@ def stream_batches(
         ds = ds.map_with_index(cut)
     options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
     return ds.to_iter_dataset(options)
+
+
+@contextlib.contextmanager
+def reading(dataset: grain.IterDataset) -> Iterator[Iterator]:
+    """Iterates ``dataset``; its reader threads stop when the block ends, also when the
+    block ends with an error (an exception must not leave threads reading behind it)."""
+    iterator = iter(dataset)
+    try:
+        yield iterator
+    finally:
+        iterator.close()
 
 
 def to_device(batch: Record, sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:

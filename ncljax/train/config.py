@@ -8,12 +8,18 @@ Every field a run can read exists here, so ``lock_config=True`` turns a mistyped
 
 from __future__ import annotations
 
+import logging
+import math
+
 import ml_collections
 
 from ncljax.data import synthetic
 
 NOISE_KINDS = ("none", "per_caption", "per_image", "file", "symmetric", "asymmetric")
 EVAL_KINDS = ("recall", "map")
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "step", "cosine")
+HEADS = ("cosine", "sgr", "saf")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -124,6 +130,121 @@ def validate(config, info) -> None:
         raise ValueError(f"eval.kind='map' needs class labels; {info.name} has none.")
     if config.train.epochs < 1:
         raise ValueError(f"train.epochs must be positive, got {config.train.epochs}.")
+
+
+def check_fields(config) -> None:
+    """Checks every field's type and range, before a dataset is read or a file written.
+
+    Raises:
+      ValueError: one message naming the field, its value and what it must be.
+    """
+    problems = []
+
+    def need(ok: bool, field: str, what: str) -> None:
+        if not ok:
+            value = config
+            for part in field.split("."):
+                value = value[part]
+            problems.append(f"{field}={value!r} must be {what}")
+
+    def is_int(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    def is_number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    t, e, o, m, d = config.train, config.eval, config.optim, config.model, config.data
+    need(is_int(t.epochs) and t.epochs >= 1, "train.epochs", "a positive integer")
+    need(is_int(t.batch_size) and t.batch_size >= 2, "train.batch_size", "an integer >= 2")
+    need(is_int(t.num_devices) and t.num_devices >= 0, "train.num_devices", "an integer >= 0")
+    need(
+        is_int(t.log_every_steps) and t.log_every_steps >= 1,
+        "train.log_every_steps",
+        "a positive integer",
+    )
+    need(
+        is_int(t.checkpoint_every_steps) and t.checkpoint_every_steps >= 0,
+        "train.checkpoint_every_steps",
+        "an integer >= 0 (0: at the end of every epoch)",
+    )
+    need(e.kind in EVAL_KINDS, "eval.kind", f"one of {EVAL_KINDS}")
+    for field in ("batch_size", "image_chunk", "text_chunk"):
+        need(is_int(e[field]) and e[field] >= 1, f"eval.{field}", "a positive integer")
+    need(o.name in OPTIMIZERS, "optim.name", f"one of {OPTIMIZERS}")
+    need(o.schedule in SCHEDULES, "optim.schedule", f"one of {SCHEDULES}")
+    need(
+        is_number(o.learning_rate) and o.learning_rate > 0,
+        "optim.learning_rate",
+        "a positive number (a negative one would ascend the loss)",
+    )
+    need(is_number(o.b1) and 0 <= o.b1 < 1, "optim.b1", "in [0, 1)")
+    need(is_number(o.b2) and 0 <= o.b2 < 1, "optim.b2", "in [0, 1)")
+    need(is_number(o.eps) and o.eps >= 0, "optim.eps", "a number >= 0")
+    need(is_number(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", "a number >= 0")
+    need(
+        is_number(o.grad_clip) and o.grad_clip >= 0,
+        "optim.grad_clip",
+        "a number >= 0 (0 disables clipping)",
+    )
+    need(is_number(o.decay_factor) and 0 < o.decay_factor <= 1, "optim.decay_factor", "in (0, 1]")
+    need(is_int(o.decay_every) and o.decay_every >= 1, "optim.decay_every", "a positive integer")
+    need(m.head in HEADS, "model.head", f"one of {HEADS}")
+    need(m.image_input in ("regions", "global"), "model.image_input", "'regions' or 'global'")
+    need(m.text_input in ("tokens", "global"), "model.text_input", "'tokens' or 'global'")
+    for field in ("embed_dim", "word_dim", "sim_dim", "sgr_steps", "pair_chunk"):
+        need(is_int(m[field]) and m[field] >= 1, f"model.{field}", "a positive integer")
+    for field in ("image_hidden", "text_hidden"):
+        widths = m[field]
+        need(
+            isinstance(widths, (tuple, list)) and all(is_int(w) and w >= 1 for w in widths),
+            f"model.{field}",
+            "a tuple of positive integers, e.g. '(1024,)' or '()'",
+        )
+    need(is_number(m.text_dropout) and 0 <= m.text_dropout < 1, "model.text_dropout", "in [0, 1)")
+    need(is_number(m.temperature) and m.temperature > 0, "model.temperature", "a positive number")
+    buckets = d.length_buckets
+    need(
+        isinstance(buckets, (tuple, list)) and all(is_int(b) and b >= 1 for b in buckets),
+        "data.length_buckets",
+        "a tuple of positive token counts, e.g. '(16, 32, 64)' or '()'",
+    )
+    need(is_int(d.num_threads) and d.num_threads >= 0, "data.num_threads", "an integer >= 0")
+    need(is_int(d.prefetch) and d.prefetch >= 0, "data.prefetch", "an integer >= 0")
+    need(config.noise.kind in NOISE_KINDS, "noise.kind", f"one of {NOISE_KINDS}")
+    need(is_number(config.noise.rate) and 0 <= config.noise.rate <= 1, "noise.rate", "in [0, 1]")
+    if config.noise.kind != "file" and config.noise.file:
+        problems.append(
+            f"noise.file={config.noise.file!r} is only read with noise.kind='file', not "
+            f"{config.noise.kind!r}; set noise.kind='file' or noise.file=''"
+        )
+    if config.noise.kind == "none" and config.noise.rate:  # the usual way to switch noise off
+        logging.warning(
+            "noise.rate=%s has no effect with noise.kind='none': the run trains on the data's "
+            "own pairs and labels.",
+            config.noise.rate,
+        )
+    if problems:
+        raise ValueError("Invalid config: " + "; ".join(problems) + ".")
+
+
+# How far noise.rate may be from the rate a noise file realises (index files of the same
+# nominal rate realise slightly less: a few pairs keep their own caption by chance).
+NOISE_FILE_RATE_TOLERANCE = 0.05
+
+
+def check_noise(noise, realised_rate: float) -> None:
+    """Refuses ``noise.rate`` that contradicts the rate a noise file realises (``0`` is
+    always accepted: the file decides)."""
+    if (
+        noise.kind == "file"
+        and noise.rate
+        and (abs(noise.rate - realised_rate) > NOISE_FILE_RATE_TOLERANCE)
+    ):
+        raise ValueError(
+            f"noise.rate={noise.rate} but the noise file {noise.file} makes "
+            f"{realised_rate:.3f} of the pairs noisy; with noise.kind='file' the file decides: "
+            f"set noise.rate=0 (or {realised_rate:.2f}) to record what the run uses."
+        )
 
 
 def use_sgraf(config, head: str = "sgr") -> ml_collections.ConfigDict:

@@ -12,7 +12,7 @@ epoch's passes, so a run killed anywhere resumes to the same result.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import os
 import time
@@ -53,11 +53,23 @@ def train_and_evaluate(
       workdir: the run directory.
       callbacks: ``fn(epoch, val_metrics)`` called after each epoch's checkpoint.
 
+    Every field is checked, the data read and the model built before anything is written.
+    The run then holds ``workdir/lock`` until it returns or fails.
+
     Returns:
       Test metrics of the best-on-validation model.
+
+    Raises:
+      ValueError: a bad config field or dataset file (one message naming it).
+      rundir.WorkdirLocked: another live run holds ``workdir``.
+      checkpoint.CheckpointError: no checkpoint can be restored, or one cannot be written.
+      OSError: ``workdir`` cannot be written (permissions, a full disk).
+      FloatingPointError: a non-finite loss; the last good checkpoint is kept.
     """
     if config.distributed:
         jax.distributed.initialize()
+    # Every field is checked, and everything built, before anything is written.
+    config_lib.check_fields(config)
     dataset = sources.load_dataset(config.data)
     info = dataset.info
     config_lib.validate(config, info)
@@ -71,23 +83,19 @@ def train_and_evaluate(
         image_fields=image_fields,
         text_fields=text_fields,
     )
-    os.makedirs(workdir, exist_ok=True)
-    rundir.write_config(
-        workdir,
-        config,
-        {"noise_checksum": pairs.checksum, "noise_realised_rate": pairs.realised_rate},
-    )
-
+    config_lib.check_noise(config.noise, pairs.realised_rate)
     mesh = mesh_lib.make_mesh(config.train.num_devices)
-    batch_size, num_epochs = config.train.batch_size, config.train.epochs
+    batch_size = config.train.batch_size
     if batch_size % mesh.size or config.eval.batch_size % mesh.size:
         raise ValueError(
             f"train.batch_size={batch_size} and eval.batch_size={config.eval.batch_size} "
             f"must be multiples of the {mesh.size} devices (or set train.num_devices)."
         )
-    n = pairs.num_records
     tx = optim.make_optimizer(config.optim)
-    init = InitContext(n, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim)
+    schedule = optim.learning_rate_schedule(config.optim, num_epochs=config.train.epochs)
+    init = InitContext(
+        pairs.num_records, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim
+    )
     graphdef, state = state_lib.create(
         model_fn=lambda rngs: models.build_model(config.model, info, rngs),
         tx=tx,
@@ -95,10 +103,59 @@ def train_and_evaluate(
         num_networks=method.num_networks,
         seed=config.seed,
     )
+    evaluator = evaluation.Evaluator(
+        graphdef,
+        dataset,
+        config,
+        mesh,
+        transform=method.eval_transform,
+        fields=(image_fields, text_fields),
+    )
+
+    rundir.make_workdir(workdir)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(rundir.WorkdirLock(workdir))
+        rundir.write_config(
+            workdir,
+            config,
+            {"noise_checksum": pairs.checksum, "noise_realised_rate": pairs.realised_rate},
+        )
+        checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+        stack.callback(checkpointer.close)  # also when a run stops with an error
+        writer = writers.MetricWriter(workdir)
+        stack.callback(writer.close)
+        buckets = tuple(config.data.length_buckets) if "tokens" in text_fields else ()
+        run = _Run(
+            config=config,
+            method=method,
+            pairs=pairs,
+            train_step=None,
+            sharding=mesh_lib.batch_sharding(mesh),
+            writer=writer,
+            checkpointer=checkpointer,
+            clean=None,
+            lengths=train_split.caption_lengths() if buckets else None,
+            buckets=buckets,
+            tx=tx,
+            schedule=schedule,
+        )
+        return _train(run, graphdef, state, evaluator, mesh, workdir, callbacks)
+
+
+def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
+    """The run in its locked workdir: resume, the epochs, then the test of the best model."""
+    config, method, pairs = run.config, run.method, run.pairs
+    checkpointer, writer = run.checkpointer, run.writer
+    n, num_epochs = pairs.num_records, config.train.epochs
     state = mesh_lib.replicate(state, mesh)
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-    writer = writers.MetricWriter(workdir)
-    meta = {"best_value": -math.inf, "best_epoch": -1, "epoch": 0, "pass": 0, "position": 0}
+    meta = {
+        "best_value": -math.inf,
+        "best_epoch": -1,
+        "best_step": -1,
+        "epoch": 0,
+        "pass": 0,
+        "position": 0,
+    }
     saved_sets = None
     restored = checkpointer.restore(state, passes.encode_streams([], method.num_networks, n))
     if restored is not None:
@@ -110,39 +167,17 @@ def train_and_evaluate(
         )
     writer.truncate_after(int(state.step) if restored is not None else -1)
 
-    evaluator = evaluation.Evaluator(
-        graphdef,
-        dataset,
-        config,
-        mesh,
-        transform=method.eval_transform,
-        fields=(image_fields, text_fields),
-    )
     selection = "rsum" if config.eval.kind == "recall" else "map_avg"
     replicated = mesh_lib.replicated(mesh)
-    data_sharding = mesh_lib.batch_sharding(mesh)
     train_step = jax.jit(
-        step_lib.make_train_step(graphdef, method, tx, num_samples=n),
+        step_lib.make_train_step(graphdef, method, run.tx, num_samples=n),
         static_argnums=2,
         donate_argnums=0,
-        in_shardings=(replicated, data_sharding, replicated, replicated),
+        in_shardings=(replicated, run.sharding, replicated, replicated),
         out_shardings=(replicated, replicated),
     )
-    buckets = tuple(config.data.length_buckets) if "tokens" in text_fields else ()
-    run = _Run(
-        config=config,
-        method=method,
-        pairs=pairs,
-        train_step=train_step,
-        sharding=data_sharding,
-        writer=writer,
-        checkpointer=checkpointer,
-        clean=mesh_lib.replicate(pairs.clean, mesh),  # scores clean estimates; logs only
-        lengths=train_split.caption_lengths() if buckets else None,
-        buckets=buckets,
-        tx=tx,
-        schedule=optim.learning_rate_schedule(config.optim, num_epochs=num_epochs),
-    )
+    # scores clean estimates; logs only
+    run = run._replace(train_step=train_step, clean=mesh_lib.replicate(pairs.clean, mesh))
     refresh = Refresher(graphdef, method, pairs, mesh, config, num_epochs)
 
     with jax.set_mesh(mesh):
@@ -164,13 +199,19 @@ def train_and_evaluate(
                 )
             )
             epoch_passes = passes.plan_passes(
-                method, plan, stream_sets, epoch=epoch, batch_size=batch_size, seed=config.seed
+                method,
+                plan,
+                stream_sets,
+                epoch=epoch,
+                batch_size=config.train.batch_size,
+                seed=config.seed,
             )
             encoded = passes.encode_streams(stream_sets, method.num_networks, n)
             for p in range(first_pass, len(epoch_passes)):
                 last = p == len(epoch_passes) - 1
                 start = position if p == first_pass else 0
                 state = _run_pass(run, state, epoch, p, epoch_passes[p], start, meta, encoded, last)
+            meta = {k: v for k, v in meta.items() if k not in _PARTIAL}
             _check_finite(state, checkpointer)
             val = evaluator(state, "val")
             val.update(noise_diagnostics(method, state, pairs.clean))
@@ -181,16 +222,21 @@ def train_and_evaluate(
             writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
             tqdm.tqdm.write(f"epoch {epoch}: val " + _summary(val, config.eval.kind))
             if plan.restart_best:
-                meta = {**meta, "best_value": -math.inf, "best_epoch": -1}
+                meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
             if plan.selectable and val[selection] > meta["best_value"]:
-                meta = {**meta, "best_value": val[selection], "best_epoch": epoch}
+                meta = {
+                    **meta,
+                    "best_value": val[selection],
+                    "best_epoch": epoch,
+                    "best_step": int(state.step),
+                }
                 checkpointer.save_best(state, meta)
             meta = {**meta, "epoch": epoch + 1, "pass": 0, "position": 0}
             checkpointer.save(state, meta, encoded)
             for callback in callbacks:
                 callback(epoch, val)
 
-        best = checkpointer.restore_best(state)
+        best = checkpointer.restore_best(state, meta.get("best_step"))
         if best is None:
             raise ValueError(
                 f"No selectable epoch reached a finite validation {selection}; nothing to "
@@ -206,15 +252,20 @@ def train_and_evaluate(
     test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
     writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "results.json"), "w") as f:
-            json.dump(test, f, indent=2, sort_keys=True)
+        try:
+            rundir.atomic_write_json(os.path.join(workdir, "results.json"), test)
+        except OSError as e:
+            raise rundir.unwritable(workdir, e) from None
     print(f"test (best val epoch {best_meta['best_epoch']}): " + _summary(test, config.eval.kind))
     if config.eval.test_last_epoch:
         last = {k[len("last_") :]: v for k, v in test.items() if k.startswith("last_")}
         print(f"test (last epoch {num_epochs - 1}): " + _summary(last, config.eval.kind))
-    writer.close()
-    checkpointer.close()
     return test
+
+
+# The progress of a pass interrupted by a mid-epoch checkpoint: the train metrics summed
+# since the last log line, so the next line averages the same steps as an uninterrupted run.
+_PARTIAL = ("accumulated",)
 
 
 class _Run(NamedTuple):
@@ -272,7 +323,11 @@ def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
     )
     network = np.int32(one_pass.network or 0)
     host_step = int(state.step)  # counted on the host from here: no per-step device sync
-    accumulated, logged_at, tic = None, start, time.perf_counter()
+    accumulated = None
+    if start and meta.get("accumulated") is not None:  # resumed mid-pass: the partial sums
+        accumulated = {k: jnp.asarray(v, jnp.float32) for k, v in meta["accumulated"].items()}
+    tic = time.perf_counter()
+    rate_from = start
     bar = tqdm.tqdm(
         total=total,
         initial=start,
@@ -281,30 +336,38 @@ def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
         disable=not cfg.train.progress_bar or jax.process_index() != 0,
         leave=False,
     )
-    for done, host_batches in enumerate(batches, start=start + 1):
-        device_batches = tuple(pipeline.to_device(b, run.sharding) for b in host_batches)
-        state, metrics = run.train_step(state, device_batches, one_pass.spec, run.clean, network)
-        accumulated = (
-            metrics if accumulated is None else jax.tree.map(jnp.add, accumulated, metrics)
-        )
-        host_step += 1
-        bar.update(1)
-        if done % cfg.train.log_every_steps == 0 or done == total:
-            _check_finite(state, run.checkpointer)  # the one host sync
-            rate = (done - logged_at) * batch_size / (time.perf_counter() - tic)
-            mean = _mean(accumulated) | {"pairs_per_s": rate}
-            if one_pass.network is not None:
-                mean["network"] = one_pass.network
-            run.writer.write(step=int(state.step), epoch=epoch, split="train", metrics=mean)
-            bar.set_postfix(loss=f"{mean['loss']:.4f}", pairs_per_s=f"{rate:.0f}")
-            accumulated, logged_at, tic = None, done, time.perf_counter()
-        every = cfg.train.checkpoint_every_steps
-        # The epoch's last step is saved after validation, with the next epoch's progress.
-        if every and host_step % every == 0 and not (last and done == total):
-            _check_finite(state, run.checkpointer)
-            progress = {**meta, "epoch": epoch, "pass": p, "position": done}
-            run.checkpointer.save(state, progress, encoded)
-    bar.close()
+    with pipeline.reading(batches) as iterator, contextlib.closing(bar):
+        for done, host_batches in enumerate(iterator, start=start + 1):
+            device_batches = tuple(pipeline.to_device(b, run.sharding) for b in host_batches)
+            state, metrics = run.train_step(
+                state, device_batches, one_pass.spec, run.clean, network
+            )
+            accumulated = (
+                metrics if accumulated is None else jax.tree.map(jnp.add, accumulated, metrics)
+            )
+            host_step += 1
+            bar.update(1)
+            if done % cfg.train.log_every_steps == 0 or done == total:
+                _check_finite(state, run.checkpointer)  # the one host sync
+                rate = (done - rate_from) * batch_size / (time.perf_counter() - tic)
+                mean = _mean(accumulated) | {"pairs_per_s": rate}
+                if one_pass.network is not None:
+                    mean["network"] = one_pass.network
+                run.writer.write(step=int(state.step), epoch=epoch, split="train", metrics=mean)
+                bar.set_postfix(loss=f"{mean['loss']:.4f}", pairs_per_s=f"{rate:.0f}")
+                accumulated, rate_from = None, done
+                tic = time.perf_counter()
+            every = cfg.train.checkpoint_every_steps
+            # The epoch's last step is saved after validation, with the next epoch's progress.
+            if every and host_step % every == 0 and not (last and done == total):
+                _check_finite(state, run.checkpointer)
+                progress = {**meta, "epoch": epoch, "pass": p, "position": done}
+                progress["accumulated"] = (
+                    None
+                    if accumulated is None
+                    else {k: np.asarray(v).tolist() for k, v in jax.device_get(accumulated).items()}
+                )
+                run.checkpointer.save(state, progress, encoded)
     return state
 
 

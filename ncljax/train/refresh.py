@@ -51,20 +51,24 @@ class Refresher:
         cfg, n = self._config, self._pairs.num_records
         seed = int(np.random.SeedSequence([cfg.seed, 2, epoch]).generate_state(1)[0])
         buffers = None
-        for batch in pipeline.batches(
+        dataset = pipeline.batches(
             self._pairs.record_fn,
             n,
             batch_size=cfg.train.batch_size,
             seed=seed,
             num_threads=cfg.data.num_threads,
-        ):
-            device_batch = pipeline.to_device(batch, mesh_lib.batch_sharding(self._mesh))
-            values = self._stats(state.params, state.model_state, device_batch, state.memory.state)
-            if buffers is None:
-                buffers = jax.tree.map(
-                    lambda v: jnp.zeros((v.shape[0], n, *v.shape[2:]), v.dtype), values
+        )
+        with pipeline.reading(dataset) as batches:
+            for batch in batches:
+                device_batch = pipeline.to_device(batch, mesh_lib.batch_sharding(self._mesh))
+                values = self._stats(
+                    state.params, state.model_state, device_batch, state.memory.state
                 )
-            buffers = self._scatter(buffers, device_batch["index"], values)
+                if buffers is None:
+                    buffers = jax.tree.map(
+                        lambda v: jnp.zeros((v.shape[0], n, *v.shape[2:]), v.dtype), values
+                    )
+                buffers = self._scatter(buffers, device_batch["index"], values)
         return buffers
 
     def _fetch(self, indices) -> dict[str, jax.Array]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
 import jax
+
+from ncljax.train import rundir
 
 
 def _clean(value):
@@ -33,35 +36,83 @@ class MetricWriter:
                 self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, *, step: int, epoch: int, split: str, metrics: dict) -> None:
+        """Appends one row. A ``test`` row replaces the test rows of earlier evaluations."""
         if not self._active:
             return
         row = {"step": int(step), "epoch": int(epoch), "split": split}
         row.update({k: _clean(v) for k, v in metrics.items()})
-        with open(self._path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        try:
+            if split == "test":  # replaced only now that the new result exists
+                rows = [r for r in self._read() if json.loads(r)["split"] != "test"]
+                self._rewrite([*rows, line])
+            else:
+                with open(self._path, "a") as f:
+                    f.write(line)
+        except OSError as e:
+            raise rundir.unwritable(os.path.dirname(self._path), e) from None
         if self._tb is not None:
             for k, v in row.items():
                 if k not in ("step", "epoch", "split") and v is not None:
                     self._tb.add_scalar(f"{split}/{k}", v, int(step))
 
+    def _read(self) -> list[str]:
+        """The file's complete rows. A damaged row (a partly written last line after a power
+        cut or a full disk) is dropped with a warning."""
+        if not os.path.exists(self._path):
+            return []
+        with open(self._path, "rb") as f:
+            lines = f.read().split(b"\n")
+        rows = []
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode()
+                row = json.loads(text)
+                if not isinstance(row, dict) or not {"step", "split"} <= row.keys():
+                    raise ValueError("not a metrics row")
+            except ValueError:
+                where = "its last line" if number >= len(lines) - 1 else f"line {number}"
+                logging.warning(
+                    "Dropped %s of %s, which was only partly written (%r).",
+                    where,
+                    self._path,
+                    raw[:80],
+                )
+                continue
+            rows.append(text + "\n")
+        return rows
+
+    def _rewrite(self, rows: list[str]) -> None:
+        tmp = self._path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+
     def truncate_after(self, step: int) -> None:
         """Drops the lines a run resumed at ``step`` (-1: from scratch) writes again.
 
-        Those are the lines after ``step``, the test result, and a refresh logged at
-        ``step`` itself (an epoch boundary: the refresh runs again on resume).
+        Those are the lines after ``step`` and a refresh logged at ``step`` itself (an
+        epoch boundary: the refresh runs again on resume). A test row at ``step`` stays
+        until the new test result replaces it (``write``), so a failed re-evaluation
+        leaves ``metrics.jsonl`` and ``results.json`` in agreement. Damaged rows are
+        dropped with a warning.
         """
         if not self._active or not os.path.exists(self._path):
             return
 
         def kept(row):
-            if row["step"] > step or row["split"] == "test":
+            if row["step"] > step:
                 return False
             return not (row["step"] == step and row["split"] == "refresh")
 
-        with open(self._path) as f:
-            rows = [line for line in f if kept(json.loads(line))]
-        with open(self._path, "w") as f:
-            f.writelines(rows)
+        try:
+            self._rewrite([r for r in self._read() if kept(json.loads(r))])
+        except OSError as e:
+            raise rundir.unwritable(os.path.dirname(self._path), e) from None
 
     def close(self) -> None:
         if self._tb is not None:

@@ -1,0 +1,354 @@
+"""Faults a run must survive: a locked workdir, damaged checkpoints and logs, a full disk,
+an unwritable workdir, invalid settings, a collapsed model."""
+
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from ncljax.train import checkpoint, rundir, train_and_evaluate
+from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, tiny
+
+# The tiny config: 64 images x 5 captions = 320 training pairs, 10 steps of 32 per epoch.
+
+
+def _config(epochs=3):
+    config = tiny(load_config("vse_synthetic"), epochs=epochs)
+    config.model.embed_dim, config.model.word_dim = 32, 16
+    return config
+
+
+class Crash(Exception):
+    pass
+
+
+def _crash_at(crash_epoch):
+    def callback(epoch, metrics):
+        if epoch == crash_epoch:
+            raise Crash
+
+    return callback
+
+
+def _results(workdir):
+    with open(os.path.join(workdir, "results.json")) as f:
+        return json.load(f)
+
+
+def _same_rows(got, want):
+    key = lambda r: (r["split"], r["step"])
+    assert sorted(map(key, got)) == sorted(map(key, want))
+    for a, b in zip(sorted(got, key=key), sorted(want, key=key), strict=True):
+        for name, value in b.items():
+            if name != "pairs_per_s":
+                assert a[name] == pytest.approx(value, abs=1e-9), (a["split"], a["step"], name)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An uninterrupted 3-epoch run, and one killed after epoch 1 (checkpoints 10 and 20)."""
+    root = tmp_path_factory.mktemp("runs")
+    config = _config()
+    straight = train_and_evaluate(config, str(root / "straight"))
+    with pytest.raises(Crash):
+        train_and_evaluate(config, str(root / "crashed"), callbacks=[_crash_at(1)])
+    assert sorted(os.listdir(root / "crashed" / "checkpoints" / "latest")) == ["10", "20"]
+    return config, straight, root
+
+
+def _largest_file(directory):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs]
+    return max(files, key=os.path.getsize)
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _truncate_array_files(state):
+    """Every array data file (orbax's OCDBT may leave unreferenced data in one of them)."""
+    data = state / "ocdbt.process_0" / "d"
+    for name in os.listdir(data):
+        if os.path.getsize(data / name) > 4096:
+            _truncate(data / name)
+
+
+DAMAGE = {
+    "truncated array files": lambda step: _truncate_array_files(step / "state"),
+    "truncated progress JSON": lambda step: _truncate(step / "meta" / "metadata"),
+    "truncated orbax metadata": lambda step: _truncate(step / "state" / "_METADATA"),
+    "missing state item": lambda step: shutil.rmtree(step / "state"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_latest_checkpoint_resumes_from_the_previous_one(
+    runs, tmp_path, damage, caplog, capsys
+):
+    config, straight, root = runs
+    workdir = tmp_path / "run"
+    shutil.copytree(root / "crashed", workdir)
+    DAMAGE[damage](workdir / "checkpoints" / "latest" / "20")
+    with caplog.at_level(logging.WARNING):
+        resumed = train_and_evaluate(config, str(workdir))
+    assert "Resumed from step 10" in capsys.readouterr().out
+    assert os.path.isdir(workdir / "checkpoints" / "damaged" / "latest-20")  # never deleted
+    assert resumed == pytest.approx(straight, abs=1e-9)
+    _same_rows(read_metrics(workdir), read_metrics(root / "straight"))
+    assert "latest/20 cannot be restored" in caplog.text, caplog.text
+    assert "step 10 instead" in caplog.text
+
+
+def test_no_restorable_checkpoint_is_one_clear_error(runs, tmp_path):
+    config, _, root = runs
+    workdir = tmp_path / "run"
+    shutil.copytree(root / "crashed", workdir)
+    for step in ("10", "20"):
+        shutil.rmtree(workdir / "checkpoints" / "latest" / step / "state")
+    with pytest.raises(checkpoint.CheckpointError, match=r"No checkpoint in .* can be restored"):
+        train_and_evaluate(config, str(workdir))
+    assert sorted(os.listdir(workdir / "checkpoints" / "damaged")) == ["latest-10", "latest-20"]
+
+
+def test_damaged_best_checkpoint_keeps_metrics_and_results(runs, tmp_path):
+    config, _, root = runs
+    workdir = tmp_path / "run"
+    shutil.copytree(root / "straight", workdir)
+    rows, results = read_metrics(workdir), _results(workdir)
+    (best,) = os.listdir(workdir / "checkpoints" / "best")
+    _truncate_array_files(workdir / "checkpoints" / "best" / best / "state")
+    with pytest.raises(checkpoint.CheckpointError, match=f"best/{best} cannot be restored"):
+        train_and_evaluate(config, str(workdir))
+    assert read_metrics(workdir) == rows  # the test row is still there
+    assert _results(workdir) == results
+
+
+def test_partial_last_metrics_line_is_dropped_with_a_warning(runs, tmp_path, caplog):
+    config, straight, root = runs
+    workdir = tmp_path / "run"
+    shutil.copytree(root / "crashed", workdir)
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 24, "epoch": 2, "split": "tr')  # a power cut mid-write
+    with caplog.at_level(logging.WARNING):
+        resumed = train_and_evaluate(config, str(workdir))
+    assert resumed == pytest.approx(straight, abs=1e-9)
+    _same_rows(read_metrics(workdir), read_metrics(root / "straight"))
+    assert "partly written" in caplog.text
+
+
+def test_kill_between_best_and_latest_save_keeps_the_runs_own_best(tmp_path, monkeypatch):
+    """Killed after epoch 1's best save, before its latest save; resumed with another lr.
+
+    The best model must come from the resumed run's own history, as in a run that was
+    killed cleanly after epoch 0 and resumed with that lr.
+    """
+    config = _config(epochs=2)
+    with pytest.raises(Crash):
+        train_and_evaluate(config, str(tmp_path / "reference"), callbacks=[_crash_at(0)])
+
+    save = checkpoint.Checkpointer.save
+
+    def killed_at_step_20(self, state, meta, streams):
+        if int(state.step) == 20:
+            raise Crash
+        save(self, state, meta, streams)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", killed_at_step_20)
+    with pytest.raises(Crash):
+        train_and_evaluate(config, str(tmp_path / "killed"))
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
+    assert "20" in os.listdir(tmp_path / "killed" / "checkpoints" / "best")
+    assert os.listdir(tmp_path / "killed" / "checkpoints" / "latest") == ["10"]
+
+    config.optim.learning_rate *= 20  # a resumable field: the epoch-1 model differs
+    want = train_and_evaluate(config, str(tmp_path / "reference"))
+    got = train_and_evaluate(config, str(tmp_path / "killed"))
+    assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_mid_pass_resume_logs_the_rows_of_the_uninterrupted_run(tmp_path, monkeypatch):
+    config = _config(epochs=2)
+    config.train.checkpoint_every_steps = 3  # steps 3, 6, 9, 12, ...; a log line every 4
+    train_and_evaluate(config, str(tmp_path / "straight"))
+    save = checkpoint.Checkpointer.save
+
+    def crash_after_step_12(self, state, meta, streams):
+        save(self, state, meta, streams)
+        if int(state.step) == 12:  # mid-epoch 1, two steps after its first log line
+            raise Crash
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", crash_after_step_12)
+    with pytest.raises(Crash):
+        train_and_evaluate(config, str(tmp_path / "resumed"))
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
+    train_and_evaluate(config, str(tmp_path / "resumed"))
+    _same_rows(read_metrics(tmp_path / "resumed"), read_metrics(tmp_path / "straight"))
+
+
+def test_full_disk_during_a_save_keeps_the_earlier_checkpoints(runs, tmp_path, monkeypatch):
+    config, straight, root = runs
+    workdir = tmp_path / "run"
+    shutil.copytree(root / "crashed", workdir)
+    write = ocp.JsonCheckpointHandler._save_fn
+
+    async def disk_full(self, x, directory):
+        if "/latest/" in str(directory):  # the progress record of the next save
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return await write(self, x, directory)
+
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", disk_full)
+    with pytest.raises(checkpoint.CheckpointError, match=r"step 30 .* \[10, 20\] are intact"):
+        train_and_evaluate(config, str(workdir))
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", write)
+    latest = workdir / "checkpoints" / "latest"
+    assert sorted(os.listdir(latest)) == ["10", "20", "30.orbax-checkpoint-tmp"]
+    resumed = train_and_evaluate(config, str(workdir))
+    assert resumed == pytest.approx(straight, abs=1e-9)
+    assert sorted(os.listdir(latest)) == ["20", "30"]  # the partial save was cleaned up
+
+
+def test_unwritable_workdir_is_one_message(tmp_path, monkeypatch):
+    """Root ignores file permissions, so the PermissionError is injected."""
+    config = _config(epochs=1)
+    workdir = tmp_path / "run"
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(workdir)) and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(PermissionError, match=f"cannot write to the run directory {workdir}"):
+        train_and_evaluate(config, str(workdir))
+
+
+def test_second_process_on_a_workdir_is_refused(tmp_path):
+    workdir = tmp_path / "run"
+    os.makedirs(workdir)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys, time
+                from ncljax.train import rundir
+                with rundir.WorkdirLock({str(workdir)!r}):
+                    print("locked", flush=True)
+                    sys.stdin.readline()
+            """),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        pattern = f"in use by another run \\(host {socket.gethostname()} pid {holder.pid}\\)"
+        with pytest.raises(rundir.WorkdirLocked, match=pattern):
+            train_and_evaluate(_config(epochs=1), str(workdir))
+        assert not os.path.exists(workdir / "config.json")  # refused before writing
+    finally:
+        holder.communicate("\n", timeout=60)
+    # Killed holders leave their record in the file; the next run takes over.
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import os; from ncljax.train import rundir; "
+            f"rundir.WorkdirLock({str(workdir)!r}).acquire(); os._exit(9)",
+        ],
+        cwd=ROOT,
+    )
+    assert killed.returncode == 9
+    with open(workdir / "lock") as f:
+        assert f.read().startswith(f"host {socket.gethostname()} pid ")
+    lock = rundir.WorkdirLock(str(workdir))
+    lock.acquire()  # the stale lock of a dead process
+    lock.release()
+
+
+def test_a_run_inside_a_run_is_refused(tmp_path, caplog):
+    config = _config(epochs=1)
+
+    def second_run(epoch, metrics):
+        with pytest.raises(rundir.WorkdirLocked, match=f"pid {os.getpid()}"):
+            train_and_evaluate(config, str(tmp_path))
+
+    train_and_evaluate(config, str(tmp_path), callbacks=[second_run])
+    with open(tmp_path / "lock") as f:
+        assert f.read() == ""  # released
+    with open(tmp_path / "lock", "w") as f:
+        f.write("host elsewhere pid 4242\n")  # a killed run's record, its flock gone
+    with caplog.at_level(logging.WARNING):
+        train_and_evaluate(config, str(tmp_path))
+    assert "Took over the lock" in caplog.text and "pid 4242" in caplog.text
+
+
+BAD_FIELDS = {
+    "train.log_every_steps": 0,
+    "eval.batch_size": 0,
+    "optim.learning_rate": -2e-4,
+    "data.length_buckets": ("abc",),  # what --config.data.length_buckets=abc gives
+    "model.head": "sgrr",
+    "optim.name": "sgd",
+    "train.checkpoint_every_steps": -1,
+}
+
+
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_bad_fields_are_refused_before_anything_is_written(tmp_path, field):
+    config = _config(epochs=1)
+    section, name = field.split(".")
+    with config.unlocked():
+        config[section][name] = BAD_FIELDS[field]
+    with pytest.raises(ValueError, match=f"{field}="):
+        train_and_evaluate(config, str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_contradictory_noise_fields_are_refused(tmp_path, caplog):
+    config = _config(epochs=1)
+    config.noise.kind, config.noise.rate = "per_caption", 0.4
+    config.noise.file = str(tmp_path / "noise.npy")
+    with pytest.raises(ValueError, match=r"only read with noise.kind=.file."):
+        train_and_evaluate(config, str(tmp_path / "a"))
+    config.noise.kind, config.noise.file = "none", ""
+    config.train.epochs = 0  # stops at the next check: the warning comes first
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match=r"train\.epochs=0"):
+        train_and_evaluate(config, str(tmp_path / "b"))
+    assert "noise.rate=0.4 has no effect with noise.kind='none'" in caplog.text
+    config.train.epochs = 1
+    # A file whose realised rate contradicts noise.rate.
+    config.noise.kind, config.noise.rate = "file", 0.2
+    config.noise.file = str(tmp_path / "noise.npy")
+    index = np.repeat(np.arange(64), 5)  # the image of each caption
+    index[:160] = np.roll(index[:160], 5)  # half the captions moved to another image
+    np.save(config.noise.file, index)
+    with pytest.raises(ValueError, match=r"noise.rate=0.2 but the noise file"):
+        train_and_evaluate(config, str(tmp_path / "c"))
+    assert not os.path.exists(tmp_path / "c")
+
+
+def test_a_collapsed_model_is_never_the_best(tmp_path):
+    """A learning rate of 1e20 collapses the embeddings; ties must not score it 600."""
+    config = _config(epochs=3)
+    with pytest.raises(Crash):
+        train_and_evaluate(config, str(tmp_path), callbacks=[_crash_at(0)])
+    config.optim.learning_rate = 1e20
+    results = train_and_evaluate(config, str(tmp_path))
+    val = [r for r in read_metrics(tmp_path) if r["split"] == "val"]
+    assert results["best_epoch"] == 0, val
+    collapsed = [r["rsum"] for r in val[1:]]
+    assert max(collapsed) < 3 * chance_rsum(config.data.num_val, 5), collapsed
