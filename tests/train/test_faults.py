@@ -291,8 +291,10 @@ def test_a_run_inside_a_run_is_refused(tmp_path, caplog):
         assert f.read() == ""  # released
     with open(tmp_path / "lock", "w") as f:
         f.write("host elsewhere pid 4242\n")  # a killed run's record, its flock gone
+    lock = rundir.WorkdirLock(str(tmp_path))
     with caplog.at_level(logging.WARNING):
-        train_and_evaluate(config, str(tmp_path))
+        lock.acquire()
+    lock.release()
     assert "Took over the lock" in caplog.text and "pid 4242" in caplog.text
 
 
@@ -343,12 +345,11 @@ def test_contradictory_noise_fields_are_refused(tmp_path, caplog):
 
 def test_a_collapsed_model_is_never_the_best(tmp_path):
     """A learning rate of 1e20 collapses the embeddings; ties must not score it 600."""
-    config = _config(epochs=3)
+    config = _config(epochs=2)
     with pytest.raises(Crash):
         train_and_evaluate(config, str(tmp_path), callbacks=[_crash_at(0)])
-    config.optim.learning_rate = 1e20
+    config.optim.learning_rate = 1e20  # a resumable field
     results = train_and_evaluate(config, str(tmp_path))
     val = [r for r in read_metrics(tmp_path) if r["split"] == "val"]
     assert results["best_epoch"] == 0, val
-    collapsed = [r["rsum"] for r in val[1:]]
-    assert max(collapsed) < 3 * chance_rsum(config.data.num_val, 5), collapsed
+    assert val[1]["rsum"] < 1.5 * chance_rsum(config.data.num_val, 5), val[1]
