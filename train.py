@@ -45,6 +45,8 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     path = config_flags.get_config_filename(flags.FLAGS["config"])
     if not os.path.isfile(path):
+        if ":" in os.path.basename(path):  # 'file.py:arg': the file part
+            path = path[: path.rindex(":")]
         sys.exit(
             f"Config file {path} not found; pass an existing file, e.g. configs/quickstart.py."
         )

@@ -353,3 +353,13 @@ def test_a_collapsed_model_is_never_the_best(tmp_path):
     val = [r for r in read_metrics(tmp_path) if r["split"] == "val"]
     assert results["best_epoch"] == 0, val
     assert val[1]["rsum"] < 1.5 * chance_rsum(config.data.num_val, 5), val[1]
+
+
+def test_missing_config_file_is_one_line(tmp_path):
+    missing = str(tmp_path / "nope.py")
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), f"--config={missing}:quick"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        f"Config file {missing} not found; pass an existing file, e.g. configs/quickstart.py."
+    )
