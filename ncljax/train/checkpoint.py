@@ -116,22 +116,18 @@ def _attempt(restore: Callable[[], dict]) -> tuple[dict | None, str | None]:
     """``(restore(), None)``, or ``(None, reason)`` when the checkpoint cannot be restored."""
     with _muted():
         try:
-            return _check_meta_of(restore()), None
+            out = restore()
+            _check_meta(out["meta"])
+            return out, None
         except Exception as e:  # a damaged file, whichever layer finds it
             reason = _reason(e)
         _settle()  # the exception, and the failed reads its traceback holds, are gone now
         return None, reason
 
 
-def _check_meta_of(out) -> dict:
-    _check_meta(out["meta"])
-    return out
-
-
-def _check_meta(meta) -> dict:
+def _check_meta(meta) -> None:
     if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
         raise ValueError(f"the progress record lacks {[k for k in META_KEYS if k not in meta]}")
-    return meta
 
 
 class Checkpointer:

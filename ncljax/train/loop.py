@@ -125,15 +125,22 @@ def train_and_evaluate(
         writer = writers.MetricWriter(workdir)
         stack.callback(writer.close)
         buckets = tuple(config.data.length_buckets) if "tokens" in text_fields else ()
+        replicated, data_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
         run = _Run(
             config=config,
             method=method,
             pairs=pairs,
-            train_step=None,
-            sharding=mesh_lib.batch_sharding(mesh),
+            train_step=jax.jit(
+                step_lib.make_train_step(graphdef, method, tx, num_samples=pairs.num_records),
+                static_argnums=2,
+                donate_argnums=0,
+                in_shardings=(replicated, data_sharding, replicated, replicated),
+                out_shardings=(replicated, replicated),
+            ),
+            sharding=data_sharding,
             writer=writer,
             checkpointer=checkpointer,
-            clean=None,
+            clean=mesh_lib.replicate(pairs.clean, mesh),  # scores clean estimates; logs only
             lengths=train_split.caption_lengths() if buckets else None,
             buckets=buckets,
             tx=tx,
@@ -168,16 +175,6 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     writer.truncate_after(int(state.step) if restored is not None else -1)
 
     selection = "rsum" if config.eval.kind == "recall" else "map_avg"
-    replicated = mesh_lib.replicated(mesh)
-    train_step = jax.jit(
-        step_lib.make_train_step(graphdef, method, run.tx, num_samples=n),
-        static_argnums=2,
-        donate_argnums=0,
-        in_shardings=(replicated, run.sharding, replicated, replicated),
-        out_shardings=(replicated, replicated),
-    )
-    # scores clean estimates; logs only
-    run = run._replace(train_step=train_step, clean=mesh_lib.replicate(pairs.clean, mesh))
     refresh = Refresher(graphdef, method, pairs, mesh, config, num_epochs)
 
     with jax.set_mesh(mesh):

@@ -107,10 +107,6 @@ class WorkdirLock:
         self._path = os.path.join(workdir, LOCK_NAME)
         self._fd: int | None = None
 
-    @property
-    def path(self) -> str:
-        return self._path
-
     def acquire(self) -> None:
         if jax.process_index() != 0:
             return
@@ -192,7 +188,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, owned by someone else
-        return True
+        pass
     return True
 
 
@@ -203,8 +199,7 @@ def unwritable(path: str, error: OSError) -> OSError:
         errno.ENOSPC: "free space on its disk or use another --workdir",
         errno.EDQUOT: "free space in your quota or use another --workdir",
     }.get(error.errno, "make it writable or use another --workdir")
-    out = type(error)(error.errno, f"cannot write to the run directory {path} ({reason}); {hint}")
-    return out
+    return type(error)(error.errno, f"cannot write to the run directory {path} ({reason}); {hint}")
 
 
 def make_workdir(workdir: str) -> None:

@@ -44,7 +44,7 @@ class MetricWriter:
         line = json.dumps(row) + "\n"
         try:
             if split == "test":  # replaced only now that the new result exists
-                rows = [r for r in self._read() if json.loads(r)["split"] != "test"]
+                rows = [text for row, text in self._read() if row["split"] != "test"]
                 self._rewrite([*rows, line])
             else:
                 with open(self._path, "a") as f:
@@ -56,9 +56,9 @@ class MetricWriter:
                 if k not in ("step", "epoch", "split") and v is not None:
                     self._tb.add_scalar(f"{split}/{k}", v, int(step))
 
-    def _read(self) -> list[str]:
-        """The file's complete rows. A damaged row (a partly written last line after a power
-        cut or a full disk) is dropped with a warning."""
+    def _read(self) -> list[tuple[dict, str]]:
+        """The file's complete rows, parsed and as lines. A damaged row (a partly written
+        last line after a power cut or a full disk) is dropped with a warning."""
         if not os.path.exists(self._path):
             return []
         with open(self._path, "rb") as f:
@@ -81,7 +81,7 @@ class MetricWriter:
                     raw[:80],
                 )
                 continue
-            rows.append(text + "\n")
+            rows.append((row, text + "\n"))
         return rows
 
     def _rewrite(self, rows: list[str]) -> None:
@@ -110,7 +110,7 @@ class MetricWriter:
             return not (row["step"] == step and row["split"] == "refresh")
 
         try:
-            self._rewrite([r for r in self._read() if kept(json.loads(r))])
+            self._rewrite([text for row, text in self._read() if kept(row)])
         except OSError as e:
             raise rundir.unwritable(os.path.dirname(self._path), e) from None
 
