@@ -108,6 +108,21 @@ def register(name: str):
     return wrap
 
 
+DATASETS = tuple(_MODULES)
+
+
+def default_config(name: str):
+    """The ``data`` config section of dataset ``name`` with that dataset's defaults.
+
+    Raises:
+      ValueError: for an unknown name, listing the known ones.
+    """
+    if name not in _MODULES:
+        raise ValueError(f"Unknown dataset {name!r} (config field data.name); known: {DATASETS}.")
+    module = importlib.import_module(_MODULES[name])
+    return module.default_config() if name == "synthetic" else module.default_config(name)
+
+
 def load_dataset(data_config) -> Dataset:
     """Builds the dataset named ``data_config.name``.
 

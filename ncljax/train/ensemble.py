@@ -22,7 +22,7 @@ import optax
 from ncljax import methods, models
 from ncljax.data import sources
 from ncljax.methods import InitContext
-from ncljax.train import checkpoint, evaluation
+from ncljax.train import checkpoint, evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 
@@ -38,7 +38,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.load(f))
 
 
-def load_run(workdir: str, mesh) -> tuple[evaluation.Evaluator, state_lib.TrainState]:
+def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.TrainState]:
     """The evaluator of a finished run and its best-on-validation model."""
     config = load_config(workdir)
     dataset = sources.load_dataset(config.data)
@@ -56,7 +56,7 @@ def load_run(workdir: str, mesh) -> tuple[evaluation.Evaluator, state_lib.TrainS
     checkpointer.close()
     if best is None:
         raise FileNotFoundError(f"{workdir} has no best checkpoint; train it first.")
-    evaluator = evaluation.Evaluator(
+    evaluator = evaluator_lib.Evaluator(
         graphdef,
         dataset,
         config,
@@ -88,7 +88,7 @@ def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str,
         for workdir in workdirs:
             evaluator, state = load_run(workdir, mesh)
             encoded.append(evaluator.encode(state, split))
-        return evaluation.score(encoded, configs[0], mesh, split)
+        return evaluator_lib.score(encoded, configs[0], mesh, split)
 
 
 def main(argv):

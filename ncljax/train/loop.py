@@ -28,7 +28,7 @@ import tqdm
 from ncljax import methods, models
 from ncljax.data import pipeline, sources
 from ncljax.methods.base import InitContext
-from ncljax.train import checkpoint, evaluation, optim, passes, rundir, writers
+from ncljax.train import checkpoint, evaluator as evaluator_lib, optim, passes, rundir, writers
 from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -103,7 +103,7 @@ def train_and_evaluate(
         num_networks=method.num_networks,
         seed=config.seed,
     )
-    evaluator = evaluation.Evaluator(
+    evaluator = evaluator_lib.Evaluator(
         graphdef,
         dataset,
         config,

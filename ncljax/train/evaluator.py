@@ -1,4 +1,5 @@
-"""Evaluation of a ``TrainState`` on a split: encode in batches, then score in chunks."""
+"""The trainer's evaluator: runs a ``TrainState``'s networks over a split (encode in batches,
+then score in chunks) with the metrics of ``ncljax.evaluate``, which defines them all."""
 
 from __future__ import annotations
 
