@@ -69,6 +69,10 @@ Per-sample memory lives in ``TrainState`` as ``Memory(samples, state)``: ``sampl
 leaves have a leading ``[N]`` axis and are gathered/scattered by ``index``; ``state``
 holds anything else (a confident set, EMA vectors of a fixed size). The trainer stacks
 one memory per network on a leading axis. No method may read the true noise mask.
+
+Phases: ``EpochPlan.phase`` is a small int; ``WARMUP`` and ``MAIN`` are shared by every
+method with a warm-up, a method numbers further phases after ``MAIN``, and ``STATS`` is
+the phase its ``forward_fn`` sees in the trainer's statistics pass (eval mode).
 """
 
 from __future__ import annotations
@@ -77,6 +81,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+
+WARMUP, MAIN = 0, 1  # the phases of a method with a warm-up (EpochPlan.phase)
+STATS = -1  # the forward of the statistics pass before a refresh, never a train step
 
 Array = jax.Array
 PyTree = Any

@@ -42,7 +42,7 @@ from ncljax import losses
 from ncljax.methods import base
 from ncljax.models import heads
 
-_WARMUP, _MAIN = 0, 1
+_WARMUP, _MAIN = base.WARMUP, base.MAIN
 _BUFFERS = (
     "cross",  # pred_buf: this epoch's cross-modal indicators
     "intra",  # topo_buf: this epoch's intra-modal scores

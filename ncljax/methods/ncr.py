@@ -47,7 +47,8 @@ from ncljax import labels as labels_lib
 from ncljax import losses
 from ncljax.methods import base
 
-WARMUP, CLEAN, CLEAN_NOISY = 0, 1, 2  # phases: warm-up, co-training without/with update 2
+WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
+CLEAN_NOISY = base.MAIN + 1  # co-training with both updates
 _MARGINS = ("exponential", "linear", "sin")
 
 

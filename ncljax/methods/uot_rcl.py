@@ -37,7 +37,7 @@ from ncljax.labels import correction, ot
 from ncljax.methods import base
 from ncljax.methods.baselines import ce as _ce
 
-_WARMUP, _MAIN = 0, 1
+_WARMUP, _MAIN = base.WARMUP, base.MAIN
 
 
 def uot_rcl(

@@ -22,7 +22,8 @@ import optax
 from ncljax import methods, models
 from ncljax.data import sources
 from ncljax.methods import InitContext
-from ncljax.train import checkpoint, evaluator as evaluator_lib
+from ncljax.train import checkpoint
+from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 

@@ -28,8 +28,9 @@ import tqdm
 from ncljax import methods, models
 from ncljax.data import pipeline, sources
 from ncljax.methods.base import InitContext
-from ncljax.train import checkpoint, evaluator as evaluator_lib, optim, passes, rundir, writers
+from ncljax.train import checkpoint, optim, passes, rundir, writers
 from ncljax.train import config as config_lib
+from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib

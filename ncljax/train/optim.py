@@ -9,47 +9,57 @@ the learning rate, which the trainer sets before each epoch with ``set_learning_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("constant", "step", "cosine")
+# Each schedule: ``(cfg, num_epochs) -> optax schedule over epochs``.
+SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
+    "constant": lambda cfg, num_epochs: optax.constant_schedule(cfg.learning_rate),
+    # NCR/GSC/PC2 step decay: lr * decay_factor ** floor(epoch / decay_every).
+    "step": lambda cfg, num_epochs: optax.exponential_decay(
+        cfg.learning_rate,
+        transition_steps=cfg.decay_every,
+        decay_rate=cfg.decay_factor,
+        staircase=True,
+    ),
+    # PyTorch's CosineAnnealingLR stepped once per epoch, as MRL/UOT-RCL.
+    "cosine": lambda cfg, num_epochs: optax.cosine_decay_schedule(
+        cfg.learning_rate, decay_steps=num_epochs
+    ),
+}
+# Each optimiser: ``(cfg, learning_rate) -> optax.GradientTransformation``.
+OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
+    "adam": lambda cfg, lr: optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+    "adamw": lambda cfg, lr: optax.adamw(
+        lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+    ),
+}
 
 
 def learning_rate_schedule(cfg, *, num_epochs: int) -> optax.Schedule:
     """The learning rate as a function of the epoch (an optax schedule over epochs).
 
     ``constant``: ``lr``. ``step``: ``lr * decay_factor ** floor(epoch / decay_every)``
-    (NCR/GSC/PC2 step decay; ``optax.exponential_decay`` with ``staircase``). ``cosine``:
-    ``lr * (1 + cos(pi * epoch / num_epochs)) / 2`` (PyTorch's ``CosineAnnealingLR``
-    stepped once per epoch, as MRL/UOT-RCL; ``optax.cosine_decay_schedule``).
+    (``optax.exponential_decay`` with ``staircase``). ``cosine``:
+    ``lr * (1 + cos(pi * epoch / num_epochs)) / 2`` (``optax.cosine_decay_schedule``).
     """
-    lr = cfg.learning_rate
-    if cfg.schedule == "constant":
-        return optax.constant_schedule(lr)
-    if cfg.schedule == "step":
-        return optax.exponential_decay(
-            lr, transition_steps=cfg.decay_every, decay_rate=cfg.decay_factor, staircase=True
-        )
-    if cfg.schedule == "cosine":
-        return optax.cosine_decay_schedule(lr, decay_steps=num_epochs)
-    raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}.")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule must be one of {tuple(SCHEDULES)}, got {cfg.schedule!r}.")
+    return SCHEDULES[cfg.schedule](cfg, num_epochs)
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
-    """Adam/AdamW with optional global-norm clipping (``grad_clip > 0``), whose learning
-    rate lives in its state (``optax.inject_hyperparams``; set it with
+    """``cfg.name`` (``OPTIMIZERS``) with optional global-norm clipping (``grad_clip > 0``),
+    whose learning rate lives in its state (``optax.inject_hyperparams``; set it with
     ``set_learning_rate``). It starts at ``cfg.learning_rate``."""
-    if cfg.name not in ("adam", "adamw"):
-        raise ValueError(f"optim.name must be 'adam' or 'adamw', got {cfg.name!r}.")
+    if cfg.name not in OPTIMIZERS:
+        raise ValueError(f"optim.name must be one of {tuple(OPTIMIZERS)}, got {cfg.name!r}.")
 
     def build(learning_rate):
-        if cfg.name == "adam":
-            opt = optax.adam(learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
-        else:
-            opt = optax.adamw(
-                learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
-            )
+        opt = OPTIMIZERS[cfg.name](cfg, learning_rate)
         if cfg.grad_clip > 0:
             return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
         return opt

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ncljax.data import pipeline
+from ncljax.methods import base
 from ncljax.methods.base import RefreshContext
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -38,7 +39,7 @@ class Refresher:
 
             def stats(model, batch, memory_state):
                 outputs = method.forward_fn(
-                    model, batch, memory_state, train=False, rngs=None, phase=-1
+                    model, batch, memory_state, train=False, rngs=None, phase=base.STATS
                 )
                 return method.stats_fn(outputs, batch)
 
