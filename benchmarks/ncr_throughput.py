@@ -109,23 +109,18 @@ def step(args):
 
 
 def epoch(args):
-    import importlib.util
-
+    from ncljax.train import config as config_lib
     from ncljax.train import train_and_evaluate
 
-    def load(name, arg=""):
-        path = os.path.join(ROOT, "configs", f"{name}.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.get_config(arg) if arg else module.get_config()
+    def load(name, arg):
+        return config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py"), arg)
 
     if args.config == "ncr":
         config = load("ncr", "synthetic")
         config.method_kwargs.warmup_epochs = 0
         config.method_kwargs.noisy_start_epoch = 0
     else:
-        config = load(f"{args.config}_synthetic")
+        config = load(args.config, "synthetic")
     config.train.epochs = args.epochs
     config.train.progress_bar = False
     config.train.num_devices = 1

@@ -11,14 +11,13 @@ the wall time. The runs (all: region encoder + Bi-GRU + cosine head, Adam 1e-3, 
 
 * ``ncr``: ``configs/ncr.py:synthetic`` (2 warm-up + 10 co-training epochs);
 * ``gsc``: ``configs/quickstart.py`` (single-network GSC);
-* ``vse``: ``configs/vse_synthetic.py`` (VSE++, hardest negatives);
+* ``vse``: ``configs/vse.py:synthetic`` (VSE++, hardest negatives);
 * ``infonce``: the same config with the symmetric InfoNCE loss (temperature 0.07).
 
 A run whose ``results.json`` exists in ``--workdir`` is read, not retrained.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import time
@@ -31,10 +30,7 @@ RUNS = ("ncr", "gsc", "vse", "infonce")
 
 
 def load_config(name, arg=""):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    return config_lib.load_file(os.path.join(ROOT, "configs", name + ".py"), arg)
 
 
 def make_config(run: str):
@@ -42,11 +38,7 @@ def make_config(run: str):
         return load_config("ncr", "synthetic")
     if run == "gsc":
         return load_config("quickstart")
-    config = load_config("vse_synthetic")
-    if run == "infonce":
-        config.method = "infonce"
-        config.method_kwargs = config_lib.method_kwargs("infonce")
-    return config
+    return load_config(run, "synthetic")
 
 
 def main():

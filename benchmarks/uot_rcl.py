@@ -38,7 +38,7 @@ from ncljax.methods import base  # noqa: E402
 from ncljax.methods import uot_rcl as uot_lib  # noqa: E402
 from ncljax.train import config as config_lib  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
-from ncljax.train import optim  # noqa: E402
+from ncljax.train import optim, presets  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
@@ -114,8 +114,8 @@ def estimate(n, k, neighbours, repeats, chunk):
 def train_step(batch_size, anchors, steps, repeats):
     info = sources.DatasetInfo("xmedianet", 1, 200, 0, 0, 0, 0, 4096, 300, {})
     config = config_lib.base_config()
-    config_lib.use_mrl(config)
-    kwargs = config_lib.uot_rcl_kwargs(neighbours=150, anchors=anchors)
+    presets.use_mrl(config)
+    kwargs = config_lib.method_kwargs("uot_rcl", neighbours=150, anchors=anchors)
     method = methods.build_method("uot_rcl", kwargs)
     n = 32000
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@ r"""UOT-RCL's cost, literal (Eq. 8) against vote-normalised: transported-label a
   python benchmarks/uot_vote_normalise.py --rates=0.4 --workdir=runs/vote_normalise
   python benchmarks/uot_vote_normalise.py --rates=0.2,0.4,0.6 --epochs=20
 
-Trains ``configs/uot_synthetic.py`` (symmetric label noise, 4 warm-up epochs, then the
+Trains ``configs/uot_rcl.py:synthetic`` (symmetric label noise, 4 warm-up epochs, then the
 partial OT transports ``s`` from 0.2 up to 0.8) twice per noise rate: with
 ``vote_normalise=True`` (the default: each sample's blended neighbour vote ``b_i`` is
 divided by its sum before ``-log``) and ``False`` (the paper's literal cost
@@ -19,21 +19,17 @@ A run whose ``results.json`` exists in ``--workdir`` is read, not retrained.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 
+from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config():
-    path = os.path.join(ROOT, "configs", "uot_synthetic.py")
-    spec = importlib.util.spec_from_file_location("uot_synthetic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return config_lib.load_file(os.path.join(ROOT, "configs", "uot_rcl.py"), "synthetic")
 
 
 def run(workdir: str, rate: float, normalise: bool, epochs: int | None):

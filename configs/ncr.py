@@ -26,60 +26,37 @@ Reference: Huang et al., "Learning with Noisy Correspondence for Cross-modal Mat
 NeurIPS 2021.
 """
 
-from ncljax.data import precomp
 from ncljax.train import config as config_lib
+from ncljax.train import presets
 
 # dataset: (warm-up epochs, co-training epochs, lr decay period in co-training epochs)
-SCHEDULES = {"f30k": (5, 40, 30), "coco": (10, 20, 10), "cc152k": (10, 40, 30)}
-DATASETS = ("synthetic", *SCHEDULES)
-OPTIONS = ("quick", "code")
+SCHEDULES = {
+    "synthetic": (2, 10, None),
+    "f30k": (5, 40, 30),
+    "coco": (10, 20, 10),
+    "cc152k": (10, 40, 30),
+}
+DATASETS = tuple(SCHEDULES)
+CODE = dict(margin_of="image", target_prediction="first")  # the official code's switches
 
 
 def get_config(arg: str = "synthetic"):
-    parts = [a for a in arg.split(",") if a]
-    datasets = [a for a in parts if a in DATASETS]
-    unknown = set(parts) - set(DATASETS) - set(OPTIONS)
-    if unknown or len(datasets) != 1:
-        raise ValueError(
-            f"Unknown config argument {arg!r}; use one dataset of {DATASETS}, optionally "
-            f"with options {OPTIONS}, comma-separated (e.g. 'f30k,quick')."
-        )
-    dataset = datasets[0]
-    config = config_lib.base_config()
+    dataset, options = config_lib.parse_arg(arg, DATASETS, ("quick", "code"))
+    warmup, cotrain, lr_update = SCHEDULES[dataset]
+    config = presets.start(dataset)
     config.method = "ncr"
-    if dataset == "synthetic":
-        warmup, cotrain = 2, 10
-        kwargs = dict(warmup_epochs=warmup, noisy_start_epoch=cotrain // 2)
-        config.noise.kind, config.noise.rate = "per_caption", 0.4
-        config.model.embed_dim, config.model.word_dim = 128, 64
-        config.optim.learning_rate = 1e-3
-        config.train.batch_size = 128
-    else:
-        warmup, cotrain, lr_update = SCHEDULES[dataset]
-        kwargs = dict(warmup_epochs=warmup, noisy_start_epoch=cotrain // 2)
-        config_lib.set_data(config, precomp.default_config(dataset))
-        config_lib.use_sgraf(config, "sgr")
-        config.optim.decay_every = lr_update  # counted in co-training epochs (the plan's)
-        if dataset == "cc152k":
-            config.noise.kind = "none"  # real noise: about 3-20% of the pairs are mismatched
-        else:
-            config.noise.kind, config.noise.rate = "per_caption", 0.2
-        if dataset == "coco":
-            config.eval.coco_5fold = True  # test: the 5-fold 1K protocol
-    if "code" in parts:
-        kwargs.update(margin_of="image", target_prediction="first")
-    config.method_kwargs = config_lib.method_kwargs("ncr", **kwargs)
+    kwargs = dict(warmup_epochs=warmup, noisy_start_epoch=cotrain // 2)
+    config.method_kwargs = config_lib.method_kwargs(
+        "ncr", **kwargs, **(CODE if "code" in options else {})
+    )
     config.train.epochs = warmup + cotrain
-    if "quick" in parts:
-        if dataset == "synthetic":
-            config.data.num_train, config.data.num_val, config.data.num_test = 512, 64, 64
-            config.train.batch_size, config.eval.batch_size = 64, 64
-            config.method_kwargs.warmup_epochs = 1
-            config.method_kwargs.noisy_start_epoch = 1
+    if lr_update:
+        config.optim.decay_every = lr_update  # counted in co-training epochs (the plan's)
+    if "quick" in options:
+        presets.quick(config)
+        kwargs = config.method_kwargs
+        kwargs.warmup_epochs = kwargs.noisy_start_epoch = int(dataset == "synthetic")
+        if dataset == "synthetic":  # a warm-up epoch, then co-training with both updates
+            config.data.num_train, config.data.num_val = 512, 64
             config.train.epochs = 3
-            config.train.log_every_steps = 10
-        else:
-            config_lib.quick(config)
-            config.method_kwargs.warmup_epochs = 0
-            config.method_kwargs.noisy_start_epoch = 0
     return config

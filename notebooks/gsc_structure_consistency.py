@@ -25,7 +25,7 @@
 # 4. the noise-detection AUC of each label over the epochs.
 #
 # The run comes from, e.g.,
-# `python train.py --config=configs/gsc_synthetic.py --workdir=runs/gsc_synthetic`
+# `python train.py --config=configs/gsc.py:synthetic --workdir=runs/gsc_synthetic`
 # (or `:quick`). Set `NCLJAX_WORKDIR` to the run directory; figures are saved to
 # `NCLJAX_FIGURES` (default: `<workdir>/figures`). The true noise mask was read by the
 # trainer's diagnostics only (`workdir/diagnostics/epoch_XXXX.npz`, `metrics.jsonl`).

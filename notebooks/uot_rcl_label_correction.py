@@ -13,7 +13,7 @@
 # %% [markdown]
 # # UOT-RCL: progressive label correction, and robustness to the noise rate
 #
-# From a UOT-RCL run (``python train.py --config=configs/uot_synthetic.py
+# From a UOT-RCL run (``python train.py --config=configs/uot_rcl.py:synthetic
 # --workdir=runs/uot_synthetic``), this notebook shows
 #
 # 1. the per-epoch label correction: the accuracy of the corrected labels (``argmax Q``
@@ -35,7 +35,7 @@
 # Figures are written to ``<workdir>/figures``.
 
 # %%
-import importlib.util
+
 import json
 import os
 import pathlib
@@ -59,7 +59,7 @@ def find_root() -> pathlib.Path:
     """The repository root (holding ``configs/``), from here or the notebook's folder."""
     for start in (pathlib.Path.cwd(), pathlib.Path(globals().get("__file__", ".")).resolve()):
         for folder in (start, *start.parents):
-            if (folder / "configs" / "uot_synthetic.py").exists():
+            if (folder / "configs" / "uot_rcl.py").exists():
                 return folder
     raise FileNotFoundError("Run this notebook from inside the ncljax repository.")
 
@@ -69,7 +69,7 @@ def read_rows(workdir: pathlib.Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(
             f"{path} is missing: train first, e.g. python train.py "
-            f"--config=configs/uot_synthetic.py --workdir={workdir}"
+            f"--config=configs/uot_rcl.py:synthetic --workdir={workdir}"
         )
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -128,20 +128,21 @@ for e, s, sel, c, o in zip(epochs, mass, selected, corrected, observed, strict=T
 # ## 2. mAP against the noise rate: UOT-RCL and CE
 #
 # Both methods use the same data, backbone, optimiser and schedule
-# (``configs/uot_synthetic.py`` and ``configs/ce_synthetic.py``) and report the test mAP
+# (``configs/uot_rcl.py:synthetic`` and ``configs/ce.py:synthetic``) and report the test mAP
 # of their best-on-validation checkpoint and of their last epoch (the MRL protocol logs
 # both; the figure draws the first).
 
 # %%
+from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
+
+# run name -> config file of its method (both with the argument "synthetic[,SWEEP_ARG]")
+CONFIG_FILES = {"uot_synthetic": "uot_rcl.py", "ce_synthetic": "ce.py"}
 
 
 def load_config(name: str):
-    path = find_root() / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(SWEEP_ARG)
+    path = find_root() / "configs" / CONFIG_FILES[name]
+    return config_lib.load_file(str(path), ",".join(filter(None, ["synthetic", SWEEP_ARG])))
 
 
 def sweep_result(name: str, rate: float) -> dict:

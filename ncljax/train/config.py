@@ -1,25 +1,40 @@
 """The base configuration every config file starts from, and its validation.
 
 Every field a run can read exists here, so ``lock_config=True`` turns a mistyped
-``--config.x.y=...`` override into an error. Config files (``configs/*.py``) start from
-``base_config()``, set the method, dataset and hyperparameters, and fill
-``method_kwargs`` with exactly the hyperparameters their method takes.
+``--config.x.y=...`` override into an error. Config files (``configs/<method>.py``) take
+the dataset as their argument (``parse_arg``), start from ``base_config()`` and the shared
+presets of ``ncljax.train.presets``, and fill ``method_kwargs`` from the method factory's
+signature (``method_kwargs``).
+
+Honest flags: a field that the chosen head, inputs, optimiser, schedule, evaluation kind
+or noise kind does not read (``CONDITIONAL_FIELDS``) must keep its default; otherwise
+``check_fields`` refuses the config with one message naming the field and why, so a
+sweep over a field that changes nothing cannot go unnoticed. The data section must
+belong to ``data.name`` (``switch_dataset`` rebuilds it for another dataset).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import inspect
 import logging
 import math
+import os
+from collections.abc import Callable, Collection, Sequence
 
 import ml_collections
 
-from ncljax.data import synthetic
+from ncljax.data import sources
+from ncljax.train import evaluator, optim
 
 NOISE_KINDS = ("none", "per_caption", "per_image", "file", "symmetric", "asymmetric")
-EVAL_KINDS = ("recall", "map")
-OPTIMIZERS = ("adam", "adamw")
-SCHEDULES = ("constant", "step", "cosine")
+EVAL_KINDS = tuple(evaluator.EVAL_KINDS)
+OPTIMIZERS = tuple(optim.OPTIMIZERS)
+SCHEDULES = tuple(optim.SCHEDULES)
 HEADS = ("cosine", "sgr", "saf")
+# Fields of the data section that every dataset has (the pipeline's, added by set_data).
+PIPELINE_FIELDS = ("num_threads", "prefetch", "length_buckets")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -30,7 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
 
-    set_data(c, synthetic.default_config())
+    set_data(c, sources.default_config("synthetic"))
 
     c.noise = ml_collections.ConfigDict()
     c.noise.kind = "none"  # one of NOISE_KINDS
@@ -94,14 +109,272 @@ def base_config() -> ml_collections.ConfigDict:
 def set_data(config, data: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Uses the dataset section ``data`` (a dataset's ``default_config()``) in ``config``.
 
-    Adds the pipeline fields every dataset shares.
+    Adds the pipeline fields every dataset shares, keeping their values from ``config``'s
+    current data section when it has them.
     """
     data = data.copy_and_resolve_references()
-    data.num_threads = 2  # Grain reader threads
-    data.prefetch = 4  # batches read ahead
-    data.length_buckets = ()  # cut each training batch's tokens to the first bucket that fits
+    old = config.get("data") or {}
+    data.num_threads = old.get("num_threads", 2)  # Grain reader threads
+    data.prefetch = old.get("prefetch", 4)  # batches read ahead
+    # Cut each training batch's tokens to the first bucket that fits.
+    data.length_buckets = old.get("length_buckets", ())
+    unlocked = config.is_locked
+    if unlocked:
+        config.unlock()
     config.data = data
+    if unlocked:
+        config.lock()
     return config
+
+
+def switch_dataset(config, name: str, *, keep: Collection[str] = ()) -> ml_collections.ConfigDict:
+    """Rebuilds the data section for dataset ``name`` from that dataset's defaults.
+
+    The pipeline fields and the fields named in ``keep`` (e.g. those given on the command
+    line: ``manual_dir``, ``data_dir``) keep their values where the new dataset has them.
+    Everything outside the data section stays as it is: a config file's per-dataset
+    settings (model, epochs, noise) are applied by its argument (``configs/m.py:wiki``).
+
+    Raises:
+      ValueError: for an unknown dataset (listing the known ones), or a kept field the
+        new dataset does not have.
+    """
+    kept = {field: config.data[field] for field in keep if field != "name"}
+    set_data(config, sources.default_config(name))
+    for field, value in kept.items():
+        if field not in config.data:
+            raise ValueError(
+                f"data.{field} is not a field of dataset {name!r}; its fields are "
+                f"{sorted(config.data.keys())}."
+            )
+        config.data[field] = value
+    return config
+
+
+def parse_arg(
+    arg: str, datasets: Sequence[str], options: Sequence[str] = ("quick",)
+) -> tuple[str, frozenset[str]]:
+    """Splits a config file's argument ``'<dataset>[,<option>...]'``.
+
+    Returns:
+      The dataset (the first of ``datasets`` when ``arg`` names none) and the options.
+
+    Raises:
+      ValueError: for an unknown word or more than one dataset, listing what is allowed.
+    """
+    words = [w for w in arg.split(",") if w]
+    named = [w for w in words if w in datasets]
+    unknown = [w for w in words if w not in datasets and w not in options]
+    if unknown or len(named) > 1:
+        example = ",".join([datasets[-1], *options[:1]])
+        with_options = f", optionally with options {tuple(options)}" if options else ""
+        raise ValueError(
+            f"Unknown config argument {arg!r}: use one dataset of {tuple(datasets)}"
+            f"{with_options}, comma-separated (e.g. '{example}')."
+        )
+    return (named[0] if named else datasets[0]), frozenset(w for w in words if w in options)
+
+
+def load_file(path: str, arg: str = "") -> ml_collections.ConfigDict:
+    """``get_config(arg)`` of the config file ``path`` (as ``--config=path:arg`` loads it)."""
+    name = "_ncljax_config_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or not os.path.isfile(path):
+        raise FileNotFoundError(f"Config file {path} not found.")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
+    """Method ``name``'s hyperparameters: the defaults of its factory's signature, then
+    ``overrides`` (so a config never repeats, or drifts from, the method's defaults)."""
+    from ncljax import methods
+
+    factory = methods.REGISTRY[name]
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(factory).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(f"Method {name!r} does not take {unknown}; it takes {sorted(defaults)}.")
+    return ml_collections.ConfigDict({**defaults, **overrides})
+
+
+@dataclasses.dataclass(frozen=True)
+class Conditional:
+    """Fields read only when ``reads(config)`` holds, which depends on ``deciders``."""
+
+    fields: tuple[str, ...]
+    deciders: tuple[str, ...]
+    reads: Callable[[ml_collections.ConfigDict], bool]
+    when: str  # the condition, as the message says it
+
+
+def _sgraf(c) -> bool:
+    return c.model.head in ("sgr", "saf")
+
+
+def _cosine(c) -> bool:
+    return c.model.head == "cosine"
+
+
+CONDITIONAL_FIELDS = (
+    Conditional(("model.image_hidden",), ("model.head",), _cosine, "model.head='cosine'"),
+    Conditional(
+        ("model.text_hidden",),
+        ("model.head", "model.text_input"),
+        lambda c: _cosine(c) and c.model.text_input == "global",
+        "model.head='cosine' with model.text_input='global'",
+    ),
+    Conditional(
+        ("model.word_dim", "model.text_dropout"),
+        ("model.text_input",),
+        lambda c: c.model.text_input == "tokens",
+        "model.text_input='tokens'",
+    ),
+    Conditional(
+        ("data.length_buckets",),
+        ("model.text_input",),
+        lambda c: c.model.text_input == "tokens",
+        "model.text_input='tokens'",
+    ),
+    Conditional(
+        ("model.bidirectional",),
+        ("model.head", "model.text_input"),
+        lambda c: _cosine(c) and c.model.text_input == "tokens",
+        "model.head='cosine' with model.text_input='tokens' (SGRAF's GRU is always bidirectional)",
+    ),
+    Conditional(
+        ("model.temperature",),
+        ("model.head", "model.classifier"),
+        lambda c: _cosine(c) and c.model.classifier,
+        "model.head='cosine' with model.classifier=True",
+    ),
+    Conditional(
+        ("model.sim_dim", "model.smooth", "model.sim_output", "model.pair_chunk", "model.remat"),
+        ("model.head",),
+        _sgraf,
+        "model.head='sgr' or 'saf'",
+    ),
+    Conditional(
+        ("model.sgr_steps",), ("model.head",), lambda c: c.model.head == "sgr", "model.head='sgr'"
+    ),
+    Conditional(
+        ("optim.weight_decay",),
+        ("optim.name",),
+        lambda c: c.optim.name == "adamw",
+        "optim.name='adamw'",
+    ),
+    Conditional(
+        ("optim.decay_factor", "optim.decay_every"),
+        ("optim.schedule",),
+        lambda c: c.optim.schedule == "step",
+        "optim.schedule='step'",
+    ),
+    Conditional(
+        ("eval.image_chunk", "eval.text_chunk", "eval.coco_5fold"),
+        ("eval.kind",),
+        lambda c: c.eval.kind == "recall",
+        "eval.kind='recall'",
+    ),
+    Conditional(
+        ("noise.file_kind",), ("noise.kind",), lambda c: c.noise.kind == "file", "noise.kind='file'"
+    ),
+    Conditional(
+        ("noise.exact",),
+        ("noise.kind",),
+        lambda c: c.noise.kind in ("per_caption", "per_image"),
+        "noise.kind='per_caption' or 'per_image'",
+    ),
+    Conditional(
+        ("noise.shared_label",),
+        ("noise.kind",),
+        lambda c: c.noise.kind in ("symmetric", "asymmetric"),
+        "noise.kind='symmetric' or 'asymmetric'",
+    ),
+    Conditional(
+        ("noise.exclude_true",),
+        ("noise.kind",),
+        lambda c: c.noise.kind == "symmetric",
+        "noise.kind='symmetric'",
+    ),
+    Conditional(
+        ("noise.seed",),
+        ("noise.kind",),
+        lambda c: c.noise.kind not in ("none", "file"),
+        "noise made from a rate (not noise.kind='none' or 'file')",
+    ),
+)
+
+
+def _get(config, field: str):
+    for part in field.split("."):
+        config = config[part]
+    return config
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return tuple(a) == tuple(b)
+    return a == b
+
+
+def ignored_fields(config, overridden: Collection[str] | None = None) -> tuple[list, list]:
+    """The non-default fields that ``config`` does not read.
+
+    Args:
+      config: the run's config.
+      overridden: the fields set on the command line, when known (``train.py``). A field
+        the config file set is only *warned* about when what makes it unread was
+        overridden (e.g. ``--config.optim.schedule=cosine`` on a file with a step decay);
+        without ``overridden`` every ignored field is refused.
+
+    Returns:
+      ``(refused, warned)``: lists of messages, one per field.
+    """
+    defaults = base_config()
+    refused, warned = [], []
+    for rule in CONDITIONAL_FIELDS:
+        if rule.reads(config):
+            continue
+        for field in rule.fields:
+            value = _get(config, field)
+            if _same(value, _get(defaults, field)):
+                continue
+            deciders = ", ".join(f"{d}={_get(config, d)!r}" for d in rule.deciders)
+            message = (
+                f"{field}={value!r} is read only with {rule.when}, not with {deciders}; "
+                f"remove it or set it to its default {_get(defaults, field)!r}"
+            )
+            overrode_decider = overridden is not None and any(
+                d in overridden for d in rule.deciders
+            )
+            if overridden is not None and field not in overridden and overrode_decider:
+                warned.append(message)
+            else:
+                refused.append(message)
+    return refused, warned
+
+
+def check_data_section(config) -> None:
+    """Refuses a data section whose fields are not those of dataset ``data.name``."""
+    name = config.data.name
+    try:
+        expected = set(sources.default_config(name).keys()) | set(PIPELINE_FIELDS)
+    except ValueError as e:
+        raise ValueError(f"Invalid config: {e}") from None
+    found = set(config.data.keys())
+    if found != expected:
+        extra, missing = sorted(found - expected), sorted(expected - found)
+        raise ValueError(
+            f"Invalid config: the data section does not belong to data.name={name!r} (fields "
+            f"{extra} are not {name}'s, {missing} are missing). Pass the dataset as the "
+            f"config file's argument (--config=configs/<method>.py:{name}), or rebuild the "
+            "section with ncljax.train.config.switch_dataset(config, name)."
+        )
 
 
 def validate(config, info) -> None:
@@ -132,12 +405,19 @@ def validate(config, info) -> None:
         raise ValueError(f"train.epochs must be positive, got {config.train.epochs}.")
 
 
-def check_fields(config) -> None:
-    """Checks every field's type and range, before a dataset is read or a file written.
+def check_fields(config, overridden: Collection[str] | None = None) -> None:
+    """Checks every field's type and range, and refuses fields the run would not read,
+    before a dataset is read or a file written.
+
+    Args:
+      config: the run's config.
+      overridden: the fields given on the command line, when known (see
+        ``ignored_fields``).
 
     Raises:
       ValueError: one message naming the field, its value and what it must be.
     """
+    check_data_section(config)
     problems = []
 
     def need(ok: bool, field: str, what: str) -> None:
@@ -223,6 +503,10 @@ def check_fields(config) -> None:
             "own pairs and labels.",
             config.noise.rate,
         )
+    refused, warned = ignored_fields(config, overridden)
+    problems += refused
+    for message in warned:
+        logging.warning("%s: the field is ignored.", message)
     if problems:
         raise ValueError("Invalid config: " + "; ".join(problems) + ".")
 
@@ -245,111 +529,3 @@ def check_noise(noise, realised_rate: float) -> None:
             f"{realised_rate:.3f} of the pairs noisy; with noise.kind='file' the file decides: "
             f"set noise.rate=0 (or {realised_rate:.2f}) to record what the run uses."
         )
-
-
-def use_sgraf(config, head: str = "sgr") -> ml_collections.ConfigDict:
-    """The SGRAF backbone with the official sizes (region features and tokens, 1024-d, 300-d
-    words, dropout 0.4, 256-d similarity vectors, 3 SGR steps, smoothing 9, sigmoid output)
-    and the NCR/SGRAF optimiser: Adam 2e-4, clipping 2.0, x0.1 after 30 epochs, batch 128."""
-    m = config.model
-    m.head, m.image_input, m.text_input = head, "regions", "tokens"
-    m.embed_dim, m.word_dim, m.sim_dim, m.text_dropout = 1024, 300, 256, 0.4
-    m.sgr_steps, m.smooth, m.sim_output = 3, 9.0, "sigmoid"
-    config.optim.learning_rate, config.optim.grad_clip = 2e-4, 2.0
-    config.optim.schedule, config.optim.decay_factor, config.optim.decay_every = "step", 0.1, 30
-    config.train.batch_size, config.train.epochs = 128, 40
-    # The pairwise head costs ~ tokens per caption: pay for each batch's longest caption.
-    config.data.length_buckets = (16, 24, 32, 40, 48, 64, 80, 96, 128)
-    return config
-
-
-def use_mrl(config, *, hidden=(4096, 4096), out_dim: int = 512) -> ml_collections.ConfigDict:
-    """The MRL/UOT-RCL backbone: two MLPs ``d -> 4096 -> 4096 -> 512`` over global features,
-    unit class prototypes (temperature 1), Adam 1e-4 with betas (0.5, 0.999), cosine
-    annealing, no clipping, mAP@all evaluation (test mAP of the best-validation and of the
-    last epoch)."""
-    m = config.model
-    m.head, m.image_input, m.text_input = "cosine", "global", "global"
-    m.image_hidden, m.text_hidden, m.embed_dim = tuple(hidden), tuple(hidden), out_dim
-    m.classifier, m.temperature = True, 1.0
-    o = config.optim
-    o.learning_rate, o.b1, o.schedule, o.grad_clip = 1e-4, 0.5, "cosine", 0.0
-    config.eval.kind = "map"
-    config.eval.test_last_epoch = True  # UOT-RCL reports best-validation and last-epoch test mAP
-    return config
-
-
-def quick(config) -> ml_collections.ConfigDict:
-    """A smoke run of a real-data config: one epoch, frequent logs."""
-    config.train.epochs = 1
-    config.train.log_every_steps = 10
-    return config
-
-
-def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
-    """Method ``name``'s hyperparameters: the defaults of its factory's signature, then
-    ``overrides`` (so a config never repeats, or drifts from, the method's defaults)."""
-    import inspect
-
-    from ncljax import methods
-
-    factory = methods.REGISTRY[name]
-    defaults = {
-        k: p.default
-        for k, p in inspect.signature(factory).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise ValueError(f"Method {name!r} does not take {unknown}; it takes {sorted(defaults)}.")
-    return ml_collections.ConfigDict({**defaults, **overrides})
-
-
-def uot_rcl_kwargs(**overrides) -> ml_collections.ConfigDict:
-    """UOT-RCL's hyperparameters: the defaults of ``ncljax.methods.uot_rcl``, then
-    ``overrides``."""
-    return method_kwargs("uot_rcl", **overrides)
-
-
-def gsc_kwargs(**overrides) -> ml_collections.ConfigDict:
-    """GSC's hyperparameters: the defaults of ``ncljax.methods.gsc`` (the spec's: paper
-    values, F30K GSC+ script), then ``overrides``."""
-    return method_kwargs("gsc", **overrides)
-
-
-# GSC's per-dataset settings (gsc.md Sec. 5.4): (gamma, lr decay period, epochs, networks).
-GSC_PRESETS = {
-    "paper": {name: (0.01, 15, 60, 2) for name in ("f30k", "coco", "cc152k")},
-    "code": {"f30k": (0.01, 15, 60, 2), "coco": (0.05, 15, 30, 2), "cc152k": (0.02, 20, 60, 2)},
-    "single": {"f30k": (0.01, 15, 60, 1), "coco": (1.0, 20, 60, 1), "cc152k": (0.01, 15, 60, 1)},
-}
-# The intra-text structure of each preset: the GSC+ scripts' word-aligned form, or the
-# single-network code's attention form (the paper does not say which; see methods.gsc).
-GSC_TEXT_STRUCTURE = {"paper": "attention", "code": "aligned", "single": "attention"}
-
-
-def use_gsc(config, dataset: str, preset: str = "paper") -> ml_collections.ConfigDict:
-    """GSC on the SGR backbone with the settings of ``preset`` for ``dataset``.
-
-    ``'paper'``: the paper's values for every dataset (gamma 0.01, lr x0.2 every 15
-    epochs; 60 epochs as the F30K scripts; dual networks; the attention form of the
-    intra-text structure): the spec's default. ``'code'``: the official GSC+ scripts
-    (COCO gamma 0.05 and 30 epochs; CC152K gamma 0.02 and decay every 20) and the GSC+
-    code's word-aligned intra-text structure. ``'single'``: the official single-network
-    GSC scripts (COCO's passes no gamma and gets the argparse default 1.0, with decay
-    every 20) and that code's attention form.
-    """
-    if preset not in GSC_PRESETS:
-        raise ValueError(f"GSC preset must be one of {sorted(GSC_PRESETS)}, got {preset!r}.")
-    gamma, decay_every, epochs, networks = GSC_PRESETS[preset][dataset]
-    use_sgraf(config, "sgr")
-    config.method = "gsc"
-    config.method_kwargs = gsc_kwargs(
-        intra_weight=gamma,
-        num_networks=networks,
-        text_structure=GSC_TEXT_STRUCTURE[preset],
-    )
-    config.optim.schedule, config.optim.decay_factor = "step", 0.2
-    config.optim.decay_every = decay_every
-    config.train.epochs, config.train.batch_size = epochs, 128
-    return config

@@ -16,7 +16,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -42,7 +42,11 @@ RESUMABLE = rundir.RESUMABLE
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, *, callbacks: Sequence[Callback] = ()
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    callbacks: Sequence[Callback] = (),
+    overridden: Collection[str] | None = None,
 ) -> dict[str, float]:
     """Trains ``config.method`` on ``config.data`` in ``workdir``; returns test metrics.
 
@@ -53,6 +57,9 @@ def train_and_evaluate(
       config: a config built on ``ncljax.train.config.base_config()``.
       workdir: the run directory.
       callbacks: ``fn(epoch, val_metrics)`` called after each epoch's checkpoint.
+      overridden: the config fields given on the command line (``train.py``), so a field
+        that a command-line choice leaves unread is warned about rather than refused
+        (``config.ignored_fields``).
 
     Every field is checked, the data read and the model built before anything is written.
     The run then holds ``workdir/lock`` until it returns or fails.
@@ -70,7 +77,7 @@ def train_and_evaluate(
     if config.distributed:
         jax.distributed.initialize()
     # Every field is checked, and everything built, before anything is written.
-    config_lib.check_fields(config)
+    config_lib.check_fields(config, overridden)
     dataset = sources.load_dataset(config.data)
     info = dataset.info
     config_lib.validate(config, info)

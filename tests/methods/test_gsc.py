@@ -250,7 +250,7 @@ def test_one_device_equals_eight(data, devices, head):
 def test_gsc_trains_end_to_end_and_saves_label_diagnostics(tmp_path):
     config = config_lib.base_config()
     config.method = "gsc"
-    config.method_kwargs = config_lib.gsc_kwargs()
+    config.method_kwargs = config_lib.method_kwargs("gsc")
     config.noise.kind, config.noise.rate = "per_caption", 0.4
     config.model.embed_dim, config.model.word_dim = 32, 16
     config.data.num_train, config.data.num_val, config.data.num_test = 64, 16, 16
@@ -281,28 +281,21 @@ def test_gsc_trains_end_to_end_and_saves_label_diagnostics(tmp_path):
 
 
 def _load_config(name, arg=""):
-    import importlib.util
-
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location(
-        f"_config_{name}", os.path.join(root, "configs", f"{name}.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return config_lib.load_file(os.path.join(root, "configs", f"{name}.py"), arg)
 
 
 @pytest.mark.slow
 def test_gsc_beats_vse_and_detects_the_noise_on_synthetic_data(tmp_path):
     """40% per-caption noise, 20,000 pairs, 12 epochs, same encoders, optimiser and data
-    (the quickstart, single-network GSC; ``vse_synthetic``): about 2 minutes each."""
+    (the quickstart, single-network GSC; ``vse.py:synthetic``): about 2 minutes each."""
     results = {}
-    for name in ("quickstart", "vse_synthetic"):
-        config = _load_config(name)
+    for name, arg in (("quickstart", ""), ("vse", "synthetic")):
+        config = _load_config(name, arg)
         config.train.progress_bar = False
         config.train.num_devices = 1  # 8 fake devices on 2 cores only add overhead here
         results[name] = train_and_evaluate(config, str(tmp_path / name))
-    gsc, vse = results["quickstart"], results["vse_synthetic"]
+    gsc, vse = results["quickstart"], results["vse"]
     assert gsc["rsum"] > vse["rsum"] + 100, (gsc["rsum"], vse["rsum"])
     assert gsc["noise_auc"] >= 0.9, gsc
     assert gsc["noise_precision"] >= 0.9, gsc

@@ -1,7 +1,6 @@
 """NCR: the plan, streams, co-rectified targets and losses against numpy transcriptions of
 the official training step, 1 device against 8, and end to end against the baselines."""
 
-import importlib.util
 import logging
 import os
 
@@ -12,6 +11,7 @@ import pytest
 
 from ncljax import methods
 from ncljax.methods import base, ncr
+from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.train.test_loop import chance_rsum, read_metrics, tiny
 
@@ -19,12 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def ncr_config(arg="synthetic"):
-    spec = importlib.util.spec_from_file_location(
-        "_ncr_config", os.path.join(ROOT, "configs", "ncr.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return config_lib.load_file(os.path.join(ROOT, "configs", "ncr.py"), arg)
 
 
 # --- numpy transcription of the official ContrastiveLoss (NCR/model.py) ------------------
@@ -270,7 +265,7 @@ def test_ncr_beats_vse_on_synthetic_noise(tmp_path, rate, margin):
     not beaten on this data: see benchmarks/RESULTS.md."""
     from tests.train.test_loop import load_config
 
-    configs = {"ncr": ncr_config("synthetic"), "vse": load_config("vse_synthetic")}
+    configs = {"ncr": ncr_config("synthetic"), "vse": load_config("vse", "synthetic")}
     scores = {}
     for name, config in configs.items():
         config.noise.rate = rate

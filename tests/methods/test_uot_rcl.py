@@ -1,7 +1,6 @@
 """The UOT-RCL method bundle: loss against a numpy oracle of Eqs. 15-19, gradients, the
 per-epoch refresh, 1 device against 8, and end-to-end label correction on synthetic data."""
 
-import importlib.util
 import json
 import logging
 import os
@@ -20,9 +19,9 @@ from ncljax.labels import correction
 from ncljax.methods import base
 from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
+from ncljax.train import presets, train_and_evaluate
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train import train_and_evaluate
 
 WARMUP, MAIN = 0, 1
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -30,12 +29,7 @@ CONFIGS = os.path.join(ROOT, "configs")
 
 
 def load_config(name, arg=""):
-    spec = importlib.util.spec_from_file_location(
-        f"_cfg_{name}", os.path.join(CONFIGS, f"{name}.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return config_lib.load_file(os.path.join(CONFIGS, f"{name}.py"), arg)
 
 
 def _ctx(phase, n=50):
@@ -204,7 +198,7 @@ def labelled():
 
 def _model_cfg():
     config = config_lib.base_config()
-    config_lib.use_mrl(config, hidden=(16,), out_dim=8)
+    presets.use_mrl(config, hidden=(16,), out_dim=8)
     return config.model
 
 
@@ -372,7 +366,7 @@ def quick_run(tmp_path_factory):
     """``uot_synthetic:quick`` trained once, in the layout of the notebook's noise sweep."""
     sweep = tmp_path_factory.mktemp("sweep")
     workdir = sweep / "uot_synthetic_0.4"
-    config = load_config("uot_synthetic", "quick")
+    config = load_config("uot_rcl", "synthetic,quick")
     config.train.progress_bar = False
     config.train.num_devices = 4  # batch 100 splits over 4 of the 8 test devices
     return train_and_evaluate(config, str(workdir)), workdir
@@ -407,11 +401,11 @@ def test_quick_run_corrects_labels_and_logs_diagnostics(quick_run):
 def test_uot_rcl_beats_ce_under_symmetric_label_noise(tmp_path, rate, margin, corrected_margin):
     """Both trained the same way (same data, backbone, schedule, best-on-validation)."""
     scores = {}
-    for name in ("uot_synthetic", "ce_synthetic"):
-        config = load_config(name)
+    for name in ("uot_rcl", "ce"):
+        config = load_config(name, "synthetic")
         config.noise.rate = rate
         config.data.num_train, config.train.epochs = 3000, 12
-        if name == "uot_synthetic":
+        if name == "uot_rcl":
             config.method_kwargs.neighbours = 15
         config.train.progress_bar = False
         config.train.num_devices = 4

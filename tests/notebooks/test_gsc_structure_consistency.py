@@ -1,10 +1,10 @@
-"""The GSC notebook runs top to bottom on a (shrunk) :quick run of configs/gsc_synthetic.py."""
+"""The GSC notebook runs top to bottom on a (shrunk) :quick run of configs/gsc.py:synthetic."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
+from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,11 +18,7 @@ FIGURES = (
 
 
 def _config():
-    path = os.path.join(ROOT, "configs", "gsc_synthetic.py")
-    spec = importlib.util.spec_from_file_location("_config_gsc_synthetic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config("quick")
+    config = config_lib.load_file(os.path.join(ROOT, "configs", "gsc.py"), "synthetic,quick")
     config.data.num_train, config.data.num_val, config.data.num_test = 64, 16, 16
     config.train.batch_size, config.eval.batch_size = 32, 32
     config.train.progress_bar = False

@@ -13,7 +13,7 @@ from tests.train import test_loop
 
 
 def _tiny_run(workdir, head, seed):
-    config = test_loop.tiny(test_loop.load_config("vse_synthetic"), epochs=1)
+    config = test_loop.tiny(test_loop.load_config("vse", "synthetic"), epochs=1)
     config.model.head, config.seed = head, seed
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
     config.model.sgr_steps, config.model.remat = 1, False  # compiles in a fraction
@@ -59,7 +59,7 @@ def test_ensemble_scores_the_mean_similarity(tmp_path, heads):
 
 def test_ensemble_refuses_runs_on_different_data(tmp_path):
     for name, seed in (("a", 0), ("b", 1)):
-        config = test_loop.load_config("vse_synthetic")
+        config = test_loop.load_config("vse", "synthetic")
         config.data.seed = seed
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(config.to_json_best_effort())

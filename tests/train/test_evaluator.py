@@ -11,7 +11,7 @@ import pytest
 from ncljax import methods, models
 from ncljax.data import sources
 from ncljax.methods import base
-from ncljax.train import evaluator
+from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from tests.train import test_loop
@@ -27,20 +27,20 @@ def test_warn_if_collapsed_flags_constant_leaves_only(caplog):
     constant = np.broadcast_to(rng.normal(size=(1, 2, 5)), (12, 2, 5)).astype(np.float32)
     one_network = np.stack([rng.normal(size=(12, 5)), np.full((12, 5), 0.3)], 1)
     with caplog.at_level(logging.WARNING):
-        evaluator.warn_if_collapsed(
+        evaluator_lib.warn_if_collapsed(
             {"image": {"regions": varied, "mask": np.ones((12, 2, 3), bool)}}, "val"
         )
-        evaluator.warn_if_collapsed({"image": {"emb": varied[:1]}}, "val")  # one item
-        evaluator.warn_if_collapsed({}, "val")
+        evaluator_lib.warn_if_collapsed({"image": {"emb": varied[:1]}}, "val")  # one item
+        evaluator_lib.warn_if_collapsed({}, "val")
         assert not _messages(caplog)
-        evaluator.warn_if_collapsed(
+        evaluator_lib.warn_if_collapsed(
             {
                 "image": {"regions": varied, "glob": jnp.asarray(constant)},
                 "text": {"emb": np.zeros((12, 1, 5), np.float32)},
             },
             "test",
         )
-        evaluator.warn_if_collapsed({"text": {"emb": one_network.astype(np.float32)}}, "val")
+        evaluator_lib.warn_if_collapsed({"text": {"emb": one_network.astype(np.float32)}}, "val")
     image, zero, second_network = _messages(caplog)
     assert "image representations of split 'test'" in image
     assert "glob" in image and "regions" not in image
@@ -50,13 +50,13 @@ def test_warn_if_collapsed_flags_constant_leaves_only(caplog):
     caplog.clear()
     nearly = np.full((12, 1, 5), 1.0, np.float32) + 1e-2 * rng.normal(size=(12, 1, 5))
     with caplog.at_level(logging.WARNING):
-        evaluator.warn_if_collapsed({"image": {"emb": nearly.astype(np.float32)}}, "val")
+        evaluator_lib.warn_if_collapsed({"image": {"emb": nearly.astype(np.float32)}}, "val")
     assert not _messages(caplog)
 
 
 @pytest.fixture(scope="module")
 def evaluator_and_state():
-    config = test_loop.tiny(test_loop.load_config("ce_synthetic"), epochs=1)
+    config = test_loop.tiny(test_loop.load_config("ce", "synthetic"), epochs=1)
     config.eval.kind = "recall"  # also exercises the all-equal similarity warning
     config.eval.batch_size = 16
     dataset = sources.load_dataset(config.data)
@@ -69,7 +69,7 @@ def evaluator_and_state():
         seed=0,
     )
     mesh = mesh_lib.make_mesh(1)
-    evaluator = evaluation.Evaluator(
+    evaluator = evaluator_lib.Evaluator(
         graphdef,
         dataset,
         config,

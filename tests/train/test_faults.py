@@ -22,7 +22,7 @@ from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, 
 
 
 def _config(epochs=3):
-    config = tiny(load_config("vse_synthetic"), epochs=epochs)
+    config = tiny(load_config("vse", "synthetic"), epochs=epochs)
     config.model.embed_dim, config.model.word_dim = 32, 16
     return config
 

@@ -1,6 +1,5 @@
 """End to end: train_and_evaluate trains, resumes after a crash, and refuses bad input."""
 
-import importlib.util
 import json
 import math
 import os
@@ -16,17 +15,15 @@ import pytest
 from ncljax import evaluate, methods
 from ncljax.data import sources, synthetic
 from ncljax.methods import base
+from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_config(name: str, arg: str = ""):
-    path = os.path.join(ROOT, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    """``get_config(arg)`` of ``configs/<name>.py``."""
+    return config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py"), arg)
 
 
 def tiny(config, *, epochs=2):
@@ -78,7 +75,7 @@ def test_quickstart_quick_learns(tmp_path):
 
 
 def test_crash_and_resume_matches_uninterrupted_run(tmp_path):
-    config = tiny(load_config("vse_synthetic"), epochs=3)
+    config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.model.embed_dim, config.model.word_dim = 32, 16
     config.model.text_dropout = 0.2  # randomness must resume exactly too
     config.data.length_buckets = (10, 12)  # batches of two widths: one compilation each
@@ -117,7 +114,7 @@ def test_dual_network_baseline_trains(tmp_path):
 
 
 def test_ce_learns_categories(tmp_path):
-    config = load_config("ce_synthetic", "quick")
+    config = load_config("ce", "synthetic,quick")
     config.noise.kind = "none"
     config.train.epochs = 6
     config.train.num_devices = 4  # batch 100 splits over 4 of the 8 test devices
@@ -169,7 +166,7 @@ class _PoisonedDataset:
 
 def test_nan_inputs_stop_with_step_and_keep_last_checkpoint(tmp_path):
     sources.register("poisoned_synthetic")(_PoisonedDataset)
-    config = tiny(load_config("vse_synthetic"), epochs=3)
+    config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.data.name = "poisoned_synthetic"
     config.data.cache = False
 
@@ -195,22 +192,22 @@ def test_nan_inputs_stop_with_step_and_keep_last_checkpoint(tmp_path):
 
 
 def test_bad_config_errors(tmp_path):
-    config = tiny(load_config("vse_synthetic"))
+    config = tiny(load_config("vse", "synthetic"))
     config.train.batch_size = 1000
     with pytest.raises(ValueError, match="larger than the training split"):
         train_and_evaluate(config, str(tmp_path / "a"))
-    config = tiny(load_config("vse_synthetic"))
+    config = tiny(load_config("vse", "synthetic"))
     config.noise.kind = "file"
     config.noise.file = str(tmp_path / "noise.npy")
     np.save(config.noise.file, np.zeros(7, np.int64))
     with pytest.raises(ValueError, match="320"):  # 64 images x 5 captions expected
         train_and_evaluate(config, str(tmp_path / "b"))
-    config = tiny(load_config("vse_synthetic"), epochs=1)
+    config = tiny(load_config("vse", "synthetic"), epochs=1)
     train_and_evaluate(config, str(tmp_path / "c"))
     config.noise.rate = 0.2
     with pytest.raises(ValueError, match="different config"):
         train_and_evaluate(config, str(tmp_path / "c"))
-    config = tiny(load_config("vse_synthetic"))
+    config = tiny(load_config("vse", "synthetic"))
     config.method_kwargs.margin = 0.1
     with config.unlocked():
         config.method_kwargs.tau = 0.5
@@ -256,7 +253,7 @@ def _loss_ranking_method(*, margin=0.2, negatives="hardest", num_networks=1):
 
 def test_noise_detection_is_logged_per_epoch(tmp_path, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "loss_ranking", _loss_ranking_method)
-    config = tiny(load_config("vse_synthetic"))
+    config = tiny(load_config("vse", "synthetic"))
     config.method = "loss_ranking"
     train_and_evaluate(config, str(tmp_path))
     val = [r for r in read_metrics(tmp_path) if r["split"] == "val"]
@@ -285,7 +282,7 @@ class _FlakyDataset(_PoisonedDataset):
 
 def test_mid_epoch_crash_resumes_from_step_checkpoint(tmp_path):
     sources.register("flaky_synthetic")(_FlakyDataset)
-    config = tiny(load_config("vse_synthetic"), epochs=2)
+    config = tiny(load_config("vse", "synthetic"), epochs=2)
     config.data.name = "flaky_synthetic"
     config.train.checkpoint_every_steps = 3
     _FlakySplit.armed = False
@@ -351,7 +348,7 @@ def _refreshing_method(*, num_networks=2):
 
 def test_refresh_runs_stats_pass_per_network_with_phases(tmp_path, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "refreshing", _refreshing_method)
-    config = tiny(load_config("vse_synthetic"), epochs=3)
+    config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.method = "refreshing"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
     train_and_evaluate(config, str(tmp_path))
@@ -371,7 +368,7 @@ def test_refresh_runs_stats_pass_per_network_with_phases(tmp_path, monkeypatch):
 
 
 def test_rerunning_a_finished_run_reevaluates_without_duplicate_rows(tmp_path):
-    config = tiny(load_config("vse_synthetic"), epochs=1)
+    config = tiny(load_config("vse", "synthetic"), epochs=1)
     first = train_and_evaluate(config, str(tmp_path))
     rows = read_metrics(tmp_path)
     again = train_and_evaluate(config, str(tmp_path))
@@ -383,7 +380,7 @@ def test_crashes_leave_no_duplicate_or_stale_rows(tmp_path, monkeypatch):
     """A crash before the first checkpoint, and one inside an epoch that began with a refresh."""
     monkeypatch.setitem(methods.REGISTRY, "refreshing", _refreshing_method)
     sources.register("flaky_synthetic")(_FlakyDataset)
-    config = tiny(load_config("vse_synthetic"), epochs=3)
+    config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.data.name = "flaky_synthetic"
     config.method = "refreshing"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
@@ -416,7 +413,7 @@ def test_crashes_leave_no_duplicate_or_stale_rows(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_vse_sgr_baseline_trains_on_synthetic_regions_and_tokens(tmp_path):
     """The SGRAF backbone learns through the same region/token path as the real benchmarks."""
-    config = load_config("vse_synthetic", "quick")
+    config = load_config("vse", "synthetic,quick")
     config.model.head = "sgr"  # sigmoid output, as SGRAF
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 128, 64, 64
     config.method_kwargs.negatives = "sum"  # hardest negatives need far more epochs

@@ -19,7 +19,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_wor
 def run(workdir: str) -> dict:
     """A tiny dual-network run with a refresh pass, on every device of every process."""
     methods.REGISTRY["refreshing"] = test_loop._refreshing_method
-    config = test_loop.tiny(test_loop.load_config("vse_synthetic"), epochs=2)
+    config = test_loop.tiny(test_loop.load_config("vse", "synthetic"), epochs=2)
     config.method = "refreshing"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
     return train_and_evaluate(config, workdir)
@@ -57,7 +57,7 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
 
 def _single_config():
     methods.REGISTRY["refreshing"] = test_loop._refreshing_method
-    config = test_loop.tiny(test_loop.load_config("vse_synthetic"), epochs=2)
+    config = test_loop.tiny(test_loop.load_config("vse", "synthetic"), epochs=2)
     config.method = "refreshing"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
     config.train.num_devices = 4

@@ -419,7 +419,7 @@ def _turns(num_networks=2):
 
 
 def _turns_config():
-    config = tiny(load_config("vse_synthetic"), epochs=3)
+    config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.method = "turns"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
     config.optim.schedule, config.optim.decay_every = "step", 1

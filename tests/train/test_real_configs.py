@@ -1,12 +1,12 @@
 """The shipped real-benchmark configs of GSC, NCR and UOT-RCL train on files in the released
 layouts (tiny fixtures written by the data tests' helpers), model sizes shrunk."""
 
-import importlib.util
 import math
 import os
 
 import pytest
 
+from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_mrl
 from tests.data.test_precomp import write_release
@@ -15,11 +15,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def load_config(name, arg=""):
-    path = os.path.join(ROOT, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_cfg_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py"), arg)
 
 
 def _small_run(config, tmp_path, *, batch):
@@ -36,20 +32,20 @@ SLOW = pytest.mark.slow  # 35-50 s each on 2 cores (SGR compiles); NCR f30k stay
 
 
 @pytest.mark.parametrize(
-    "name",
+    "dataset",
     # All slow: GSC's SGR passes are tested in tests/methods/test_gsc.py, the precomp
     # path with SGR end to end by the NCR config below.
-    [pytest.param(f"gsc_{d}", marks=SLOW) for d in ("f30k", "coco", "cc152k")],
+    [pytest.param(d, marks=SLOW) for d in ("f30k", "coco", "cc152k")],
 )
-def test_gsc_configs_train_on_precomp_files(tmp_path, name):
-    write_release(str(tmp_path / "manual"), name.split("_")[1])
-    config = load_config(name, "quick")
+def test_gsc_configs_train_on_precomp_files(tmp_path, dataset):
+    write_release(str(tmp_path / "manual"), dataset)
+    config = load_config("gsc", f"{dataset},quick")
     config.data.val_images = 0  # the fixture's dev split is smaller than NCR's 1000 images
     config.eval.coco_5fold = False  # its 3 test images hold no 1K fold
     m = config.model
     m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
     m.remat = False  # compiles in about half the time; remat is tested in tests/models
-    if name == "gsc_cc152k":
+    if dataset == "cc152k":
         config.method_kwargs.warmup_epochs = 0  # one epoch: reach the GSC phase at once
     results = _small_run(config, tmp_path, batch=4)
     assert config.method == "gsc" and config.model.head == "sgr"
@@ -62,22 +58,22 @@ def test_gsc_presets_name_their_text_structure(dataset):
     the paper's and the single-network presets the attention form."""
     forms = {}
     for preset in ("", "code", "single"):
-        config = load_config(f"gsc_{dataset}", preset)
+        config = load_config("gsc", ",".join(filter(None, [dataset, preset])))
         forms[preset] = (config.method_kwargs.text_structure, config.method_kwargs.num_networks)
     assert forms == {"": ("attention", 2), "code": ("aligned", 2), "single": ("attention", 1)}
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "dataset"),
     [
-        "uot_xmedianet",
-        pytest.param("uot_wiki", marks=SLOW),
-        pytest.param("uot_nuswide", marks=SLOW),
+        ("uot_xmedianet", "xmedianet"),  # the design card's name: configs/uot_rcl.py:xmedianet
+        pytest.param("uot_rcl", "wiki", marks=SLOW),
+        pytest.param("uot_rcl", "nuswide", marks=SLOW),
     ],
 )
-def test_uot_configs_train_on_mrl_files(tmp_path, name):
-    write_mrl(tmp_path, name.split("_")[1], sizes=(("train", 48), ("test", 24)), d_img=12, d_txt=8)
-    config = load_config(name)
+def test_uot_configs_train_on_mrl_files(tmp_path, name, dataset):
+    write_mrl(tmp_path, dataset, sizes=(("train", 48), ("test", 24)), d_img=12, d_txt=8)
+    config = load_config(name, "" if name == "uot_xmedianet" else dataset)
     config.data.valid_len = 12
     config.model.image_hidden = config.model.text_hidden = (16,)
     config.model.embed_dim = 8

@@ -1,0 +1,125 @@
+"""``ncljax.train.config``: honest flags (a field the run does not read is refused), the
+data section belongs to ``data.name``, and ``train.py``'s ``--config.data.name`` switch."""
+
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ncljax.data import sources
+from ncljax.train import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# field, a non-default value, settings under which the field is unread, and under which
+# it is read (both on top of base_config(): cosine head, regions and tokens, Adam with a
+# constant learning rate, Recall@K, no noise).
+CASES = [
+    ("model.image_hidden", (64,), {"model.head": "sgr"}, {}),
+    ("model.text_hidden", (64,), {}, {"model.text_input": "global"}),
+    ("model.word_dim", 32, {"model.text_input": "global"}, {}),
+    ("model.text_dropout", 0.1, {"model.text_input": "global"}, {}),
+    ("data.length_buckets", (16,), {"model.text_input": "global"}, {}),
+    ("model.bidirectional", False, {"model.head": "saf"}, {}),
+    ("model.temperature", 0.5, {}, {"model.classifier": True}),
+    ("model.sim_dim", 64, {}, {"model.head": "saf"}),
+    ("model.smooth", 4.0, {}, {"model.head": "sgr"}),
+    ("model.sim_output", "raw", {}, {"model.head": "sgr"}),
+    ("model.pair_chunk", 8, {}, {"model.head": "sgr"}),
+    ("model.remat", False, {}, {"model.head": "saf"}),
+    ("model.sgr_steps", 2, {"model.head": "saf"}, {"model.head": "sgr"}),
+    ("optim.weight_decay", 1e-4, {}, {"optim.name": "adamw"}),
+    ("optim.decay_factor", 0.5, {"optim.schedule": "cosine"}, {"optim.schedule": "step"}),
+    ("optim.decay_every", 5, {}, {"optim.schedule": "step"}),
+    ("eval.image_chunk", 10, {"eval.kind": "map"}, {}),
+    ("eval.text_chunk", 10, {"eval.kind": "map"}, {}),
+    ("eval.coco_5fold", True, {"eval.kind": "map"}, {}),
+    ("noise.file_kind", "per_image", {}, {"noise.kind": "file", "noise.file": "index.npy"}),
+    ("noise.exact", False, {"noise.kind": "symmetric"}, {"noise.kind": "per_image"}),
+    ("noise.shared_label", False, {}, {"noise.kind": "asymmetric"}),
+    ("noise.exclude_true", True, {"noise.kind": "asymmetric"}, {"noise.kind": "symmetric"}),
+    ("noise.seed", 3, {"noise.kind": "file", "noise.file": "i.npy"}, {"noise.kind": "per_caption"}),
+]
+
+
+def _config(settings):
+    config = config_lib.base_config()
+    for field, value in settings.items():
+        section, name = field.split(".")
+        config[section][name] = value
+    return config
+
+
+def test_every_conditional_field_has_a_case():
+    fields = {f for rule in config_lib.CONDITIONAL_FIELDS for f in rule.fields}
+    assert fields == {case[0] for case in CASES}
+
+
+@pytest.mark.parametrize(("field", "value", "unread", "read"), CASES)
+def test_a_non_default_field_the_run_does_not_read_is_refused(field, value, unread, read):
+    config_lib.check_fields(_config({**read, field: value}))
+    config_lib.check_fields(_config(unread))  # the default is always accepted
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} is read only with")) as e:
+        config_lib.check_fields(_config({**unread, field: value}))
+    assert str(e.value).count("is read only with") == 1  # one message, one field
+
+
+def test_a_field_left_unread_by_a_command_line_choice_is_warned_about(caplog):
+    """A config file's step decay, with ``--config.optim.schedule=cosine``: the file's
+    decay fields are now unread; the user chose that on the command line."""
+    config = _config({"optim.schedule": "cosine", "optim.decay_every": 30})
+    with caplog.at_level(logging.WARNING):
+        config_lib.check_fields(config, overridden={"optim.schedule"})
+    assert "optim.decay_every=30 is read only with optim.schedule='step'" in caplog.text
+    for overridden in (None, set(), {"optim.schedule", "optim.decay_every"}):
+        with pytest.raises(ValueError, match=r"optim\.decay_every=30 is read only"):
+            config_lib.check_fields(config, overridden=overridden)
+
+
+def test_the_data_section_belongs_to_data_name():
+    config = config_lib.base_config()
+    config.data.name = "wiki"
+    with pytest.raises(ValueError, match=r"does not belong to data.name='wiki'.*\.py:wiki"):
+        config_lib.check_fields(config)
+    config.data.length_buckets = (16,)
+    config_lib.switch_dataset(config, "wiki", keep=("manual_dir",))
+    assert set(config.data) == set(sources.default_config("wiki")) | set(config_lib.PIPELINE_FIELDS)
+    assert config.data.float16 is False and tuple(config.data.length_buckets) == (16,)
+    config.data.length_buckets = ()  # unread with global text features
+    config.model.text_input = config.model.image_input = "global"
+    config_lib.check_fields(config)
+    with pytest.raises(ValueError, match=r"Unknown dataset 'flickr'.*'f30k'"):
+        config_lib.switch_dataset(config, "flickr")
+    with pytest.raises(ValueError, match=r"data\.seed is not a field of dataset .f30k."):
+        config_lib.switch_dataset(config_lib.base_config(), "f30k", keep=("seed",))
+
+
+def _train_py(*args):
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_train_py_switches_the_dataset_by_name(tmp_path):
+    """``--config.data.name=wiki`` on the synthetic GSC config: the data section becomes
+    wiki's (here its file is missing: one line saying which file to put where)."""
+    manual = tmp_path / "manual"
+    out = _train_py(
+        "--config=configs/gsc.py:synthetic,quick",
+        "--config.data.name=wiki",
+        f"--config.data.manual_dir={manual}",
+        f"--workdir={tmp_path / 'run'}",
+    )
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "data.name=wiki replaces the config file's dataset synthetic" in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("FileNotFoundError") and str(manual) in last, out.stderr
+    # A field of the new dataset given with the name: the config file's argument instead.
+    out = _train_py(
+        "--config=configs/gsc.py:synthetic", "--config.data.name=wiki", "--config.data.float16=True"
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--config=configs/<method>.py:wiki" in out.stderr.strip().splitlines()[-1]
