@@ -17,7 +17,7 @@ protocol) at 0.2 on F30K/COCO (the paper reports 0.2 and 0.5; or ``noise.kind=fi
 with an official index file), none on CC152K (real noise).
 
 ``:synthetic``: the embedded data with 40% per-caption noise, region encoder + Bi-GRU +
-cosine head, trained like ``configs/vse_synthetic.py`` (Adam 1e-3, batch 128, 12
+cosine head, trained like ``configs/vse.py:synthetic`` (Adam 1e-3, batch 128, 12
 epochs: 2 warm-up + 10 co-training, the noisy update from co-training epoch 5).
 ``,code`` turns on the official code's deviations from the paper (``margin_of='image'``,
 ``target_prediction='first'``; see ``ncljax/methods/ncr.py``).
