@@ -14,19 +14,53 @@ and word tokenisation; a word outside the vocabulary becomes ``<unk>``. A vocabu
 can be built from training captions by keeping the words seen at least ``threshold``
 times (SCAN/NCR use 4).
 
-The tokenizer follows the rules of NLTK's ``word_tokenize`` (the Treebank word
-tokenizer as improved by NLTK) that matter for captions, and needs no NLTK or model
-download. It differs from ``nltk.word_tokenize`` in these documented ways:
+Tokenisation is NLTK's own. SCAN's ``vocab.py`` built the released Flickr30K, COCO and
+CC152K vocabularies with ``nltk.tokenize.word_tokenize(caption.lower())`` and NCR's
+``data.py`` tokenises raw captions the same way, so any other tokenizer maps some words to
+wrong ids or to ``<unk>``. ``nltk.word_tokenize`` splits the text into sentences with
+Punkt's English model, then each sentence into words with ``NLTKWordTokenizer`` (which
+splits off a period only at the end of its input). This library never downloads data:
 
-* NLTK first splits the text into sentences with its Punkt model, then splits the
-  period off the end of each sentence. Here a period is split off a word at the end of
-  the text, and before a space when the word holds no other period; NLTK would keep
-  the period of an abbreviation that Punkt knows (``mr.``, ``st.``, ``dr.``) in the
-  middle of a text, and here ``u.s.`` keeps its period in the middle of a text whether
-  or not Punkt would have ended a sentence there.
-* Contractions and clitics are split within whitespace-separated words (after the
-  punctuation above is split off) rather than by regular expressions over the whole
-  text; for captions the two agree, odd strings such as ``don't'`` may not.
+* when the Punkt English model (``tokenizers/punkt_tab/english/``, installed by
+  ``nltk.download("punkt_tab")``) is on NLTK's data path, ``word_tokenize`` below *is*
+  ``nltk.word_tokenize``;
+* otherwise the sentences are split by an untrained
+  ``nltk.tokenize.punkt.PunktSentenceTokenizer``, which needs no data, and the words by
+  the same ``NLTKWordTokenizer``.
+
+The choice is made once per process, on first use, and recorded in the ``source`` of a
+vocabulary built by ``build_vocab``. The released vocabularies hold words that only the
+English model produces (``mr.``, ``st.``, ``u.s.`` in the middle of a caption), so install
+it once (``nltk.download("punkt_tab")``) before encoding raw captions with them. The
+untrained Punkt is the closer of the two model-free choices on captions: without any
+sentence split, every period ending a sentence inside a caption stays glued to its word
+(``a dog. a cat.`` -> ``dog.``, in no released vocabulary). It can still differ from
+``nltk.word_tokenize`` with the English model, on lower-cased captions, in these ways:
+
+* An abbreviation that the English model knows (about 150, e.g. ``mr.``, ``mrs.``,
+  ``dr.``, ``st.``, ``u.s.``, ``vs.``, ``jr.``, ``a.m.``, ``p.m.``, ``ave.``, ``co.``,
+  ``l.a.``, ``d.c.``, ``ph.d.``) in the middle of a text: NLTK keeps it one token, the
+  fallback ends a sentence after it and splits off its period (``mr. smith runs`` ->
+  ``mr. smith runs`` in NLTK, ``mr . smith runs`` here). At the end of a text both give
+  ``mr .``. Periods after words the model does not know as abbreviations (``etc.``,
+  ``i.e.``, ``no.``, ``fig.``) end a sentence in both.
+* A single letter that the model lists as an abbreviation, followed by a number, bracket
+  or quote: ``letter t. 5 dogs`` -> ``t.`` in NLTK, ``t .`` here.
+* A number or a single letter with a period, followed by one of the few words that the
+  model saw lower-case at the start of a sentence and never capitalised
+  (``in 1990. administrators met``): NLTK ends the sentence there (``1990 .``), the
+  fallback does not (``1990.``).
+* Cased text (``word_tokenize`` called directly; ``tokenize_caption`` lower-cases first):
+  the model also weighs how often the next word is capitalised and which words often
+  start sentences, so periods before a capitalised word can differ further.
+
+Both keep NLTK's own quirks, which the released vocabularies carry: a number or a single
+letter followed by a period and a lower-case word does not end a sentence
+(``in 2010. a family`` -> ``2010.``), nor does an ellipsis (``...``). The word rules are
+those of the installed NLTK (3.10.2 or later), which have changed since SCAN built its
+vocabularies with the NLTK of 2018. The released COCO vocabulary shows two changes: that
+NLTK kept an opening single quote on its word (``'no``, ``'stop``; now ``' no``) and two
+periods on theirs (``street..``; now ``street ..``).
 
 References:
   Lee et al., "Stacked Cross Attention for Image-Text Matching", ECCV 2018 (SCAN,
@@ -38,89 +72,68 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
+import logging
 import os
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
 
-# Characters that are always a token of their own (NLTK pads them with spaces).
-_ALWAYS_SPLIT = re.compile(r"(\.\.+|--|`+|[?!;@#$%&*()\[\]{}<>«»“”‘’„\u2012-\u2015])")
-# Commas and colons, except inside numbers such as 3,000 and 10:30.
-_COMMA_COLON = re.compile(r"([,:])(?!\d)")
-# Contractions at the end of a word: the clitic becomes a token of its own.
-_CLITIC = re.compile(r"^(.*[^'])(n't|N'T|'ll|'LL|'re|'RE|'ve|'VE|'[sSmMdD]|')$")
-# A quote opening a word that is not itself a clitic ('hello -> ' hello).
-_OPENING_APOSTROPHE = re.compile(r"(?i)^'(?!(?:re|ve|ll|m|t|s|d|n)$)(?=\w)(.+)$")
-# Whole words split in two, at this position (MacIntyre's contractions, as in NLTK).
-_SPLIT_AT = {
-    "cannot": 3,
-    "d'ye": 1,
-    "gimme": 3,
-    "gonna": 3,
-    "gotta": 3,
-    "lemme": 3,
-    "more'n": 4,
-    "wanna": 3,
-    "'tis": 2,
-    "'twas": 2,
-}
+# Where nltk.word_tokenize finds Punkt's English model (what nltk.download("punkt_tab")
+# installs).
+_PUNKT_ENGLISH = "tokenizers/punkt_tab/english/"
 
 
-def _mark_double_quotes(text: str) -> str:
-    """``"`` opening a text or following a space or bracket is ````, any other ``''``."""
-    text = text.replace("''", '"')
-    out = []
-    for i, char in enumerate(text):
-        if char != '"':
-            out.append(char)
-        elif i == 0 or text[i - 1] in " \t\n([{<":
-            out.append(" `` ")
-        else:
-            out.append(" '' ")
-    return "".join(out)
+def _punkt_model_installed() -> bool:
+    """Whether Punkt's English model is on NLTK's data path (looked up, never downloaded)."""
+    import nltk
+
+    try:
+        nltk.data.find(_PUNKT_ENGLISH)
+    except LookupError:
+        return False
+    return True
 
 
-def _split_at(word: str) -> list[str] | None:
-    at = _SPLIT_AT.get(word.lower())
-    return None if at is None else [word[:at], word[at:]]
+@functools.cache
+def _tokenizer() -> tuple[Callable[[str], list[str]], str]:
+    """The word tokenizer in use and a description of it, chosen once per process."""
+    # Imported here rather than at the top: importing nltk takes seconds, and importing
+    # this module (e.g. only to read a vocabulary file) must stay cheap.
+    from nltk.tokenize import NLTKWordTokenizer
+    from nltk.tokenize import word_tokenize as nltk_word_tokenize
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
+    if _punkt_model_installed():
+        return nltk_word_tokenize, "nltk.word_tokenize with the Punkt English model"
+    # nltk.word_tokenize with the untrained Punkt in place of the model it cannot load
+    # (see the module docstring for where the two differ).
+    logging.warning(
+        "NLTK's Punkt English model is not installed: captions are split into sentences by "
+        "an untrained Punkt, so abbreviations inside a caption (mr., st., u.s.) lose their "
+        "period and map to <unk> with the released vocabularies. Run "
+        "python -c \"import nltk; nltk.download('punkt_tab')\" once to match them exactly."
+    )
+    sentences, words = PunktSentenceTokenizer(), NLTKWordTokenizer()
 
-def _split_word(word: str, *, last: bool) -> list[str]:
-    """Tokens of one whitespace-separated chunk (punctuation already padded)."""
-    if _split_at(word):
-        return _split_at(word)
-    tokens = []
-    opening = _OPENING_APOSTROPHE.match(word)
-    if opening:
-        tokens.append("'")
-        word = opening.group(1)
-    period = ""
-    # The period ending a sentence (see the module docstring for Punkt).
-    if word.endswith(".") and len(word) > 1 and (last or "." not in word[:-1]):
-        word, period = word[:-1], "."
-    clitic = _CLITIC.match(word)
-    if _split_at(word):
-        tokens.extend(_split_at(word))
-    elif clitic and clitic.group(1):
-        tokens.extend(clitic.groups())
-    elif word:
-        tokens.append(word)
-    if period:
-        tokens.append(period)
-    return tokens
+    def tokenize(text: str) -> list[str]:
+        return [
+            token for sentence in sentences.tokenize(text) for token in words.tokenize(sentence)
+        ]
+
+    return tokenize, "nltk.word_tokenize with an untrained Punkt (no English model installed)"
 
 
 def word_tokenize(text: str) -> list[str]:
-    """Splits ``text`` into words and punctuation, following NLTK's ``word_tokenize``.
+    """Splits ``text`` into words and punctuation as ``nltk.word_tokenize`` does.
 
-    Punctuation ``. , ; : ! ? ( ) [ ] { } < > " ...`` becomes tokens of its own (commas
-    and colons inside numbers stay), double quotes become ````/``''``, and contractions
-    are split as in the Penn Treebank: ``don't -> do n't``, ``it's -> it 's``,
-    ``we're -> we 're``, ``they've -> they 've``, ``i'll -> i 'll``, ``he'd -> he 'd``,
-    ``i'm -> i 'm``, ``dogs' -> dogs '``, ``cannot -> can not``. Case is kept.
+    Punctuation becomes tokens of its own (commas and colons inside numbers such as
+    ``3,000`` and ``10:30`` stay), double quotes become ````/``''``, and contractions are
+    split as in the Penn Treebank: ``don't -> do n't``, ``it's -> it 's``,
+    ``cannot -> can not``. Case is kept. Without Punkt's English model installed the
+    sentence split differs in the rare cases listed in the module docstring.
 
     Args:
       text: one caption (one or more sentences).
@@ -128,14 +141,7 @@ def word_tokenize(text: str) -> list[str]:
     Returns:
       The tokens, in order.
     """
-    text = _mark_double_quotes(text)
-    text = _ALWAYS_SPLIT.sub(r" \1 ", text)
-    text = _COMMA_COLON.sub(r" \1 ", text)
-    words = text.split()
-    tokens = []
-    for i, word in enumerate(words):
-        tokens.extend(_split_word(word, last=i == len(words) - 1))
-    return tokens
+    return _tokenizer()[0](text)
 
 
 def tokenize_caption(caption: str) -> list[str]:
@@ -267,5 +273,8 @@ def build_vocab(captions: Iterable[str], threshold: int = 4) -> Vocabulary:
     for word, count in counts.items():
         if count >= threshold and word not in word2idx:
             word2idx[word] = len(word2idx)
-    source = f"built from the training captions, words seen at least {threshold} times"
+    source = (
+        f"built from the training captions, words seen at least {threshold} times, "
+        f"tokenised by {_tokenizer()[1]}"
+    )
     return Vocabulary(word2idx, len(word2idx), source)

@@ -1,16 +1,44 @@
 """Tests for ncljax.data.vocab.
 
-Oracles: token lists worked out by hand from NLTK's ``word_tokenize`` rules (the
-outputs NLTK gives for these sentences), hand-written SCAN/NCR vocabulary files, and
-word counts done by hand for ``build_vocab``.
+Oracles: token lists written by hand from the rules of NLTK's ``word_tokenize`` and of its
+Punkt sentence splitter (the outputs NLTK 3.10.2+ gives for these texts; the lower-cased
+captions were checked once against ``nltk.word_tokenize`` with the tables of Punkt's
+English model, which no test needs), hand-written SCAN/NCR vocabulary files, and word
+counts done by hand for ``build_vocab``.
+
+The tokenizer runs in one of two modes: ``nltk.word_tokenize`` itself when Punkt's English
+model is installed, otherwise NLTK's word tokenizer after an untrained Punkt. The
+``tokenizer`` fixture runs a test in each mode; the model mode is skipped where the model
+is not installed (it is never downloaded).
 """
 
 import json
 import re
+import socket
+import subprocess
+import sys
+import warnings
 
+import nltk
 import pytest
 
 from ncljax.data import vocab as vocab_lib
+
+MODEL, FALLBACK = "punkt_model", "untrained_punkt"
+
+
+@pytest.fixture(params=[MODEL, FALLBACK])
+def tokenizer(request, monkeypatch):
+    """Selects the tokenizer mode for one test; yields its name."""
+    if request.param == MODEL:
+        if not vocab_lib._punkt_model_installed():
+            pytest.skip("Punkt's English model (nltk punkt_tab) is not installed")
+    else:
+        monkeypatch.setattr(vocab_lib, "_punkt_model_installed", lambda: False)
+    vocab_lib._tokenizer.cache_clear()  # the mode is chosen once per process
+    yield request.param
+    vocab_lib._tokenizer.cache_clear()
+
 
 # (text, what nltk.word_tokenize returns for it)
 NLTK_CASES = [
@@ -43,18 +71,150 @@ NLTK_CASES = [
 
 
 @pytest.mark.parametrize(("text", "expected"), NLTK_CASES)
-def test_word_tokenize_follows_nltk(text, expected):
+def test_word_tokenize_follows_nltk(tokenizer, text, expected):
     assert vocab_lib.word_tokenize(text) == expected.split()
 
 
-def test_documented_difference_from_punkt():
-    # Punkt would not end a sentence after "u.s."; the period stays with the word here
-    # too, while a final period is always split off (as NLTK does).
-    assert vocab_lib.word_tokenize("in the u.s. today") == ["in", "the", "u.s.", "today"]
-    assert vocab_lib.word_tokenize("in the u.s.") == ["in", "the", "u.s", "."]
+# (raw caption, what nltk.word_tokenize returns for it lower-cased, as SCAN builds its
+# vocabularies); the sentence split agrees with and without Punkt's English model.
+TRICKY_CAPTIONS = [
+    # Two sentences: the first one's period is split off too.
+    (
+        "A man in a blue shirt is standing on a ladder. He is cleaning windows.",
+        "a man in a blue shirt is standing on a ladder . he is cleaning windows .",
+    ),
+    (
+        "A woman wearing a hat.\nA man wearing a coat.",
+        "a woman wearing a hat . a man wearing a coat .",
+    ),
+    ("What is the man doing? He is jumping!", "what is the man doing ? he is jumping !"),
+    # No space after the period: no sentence break, the period stays inside the word.
+    ("A dog runs on the beach.The sun sets.", "a dog runs on the beach.the sun sets ."),
+    # Ellipses are one token and end no sentence.
+    ("A man... sitting on a bench", "a man ... sitting on a bench"),
+    ("A cat sleeping on a couch...", "a cat sleeping on a couch ..."),
+    # Numbers keep their inner punctuation; currency, percent, hash, at are split.
+    (
+        "The clock shows 10:30, the sign says $3.50; 3,000 people watch.",
+        "the clock shows 10:30 , the sign says $ 3.50 ; 3,000 people watch .",
+    ),
+    (
+        "A 3.5 inch disk, 50% off #1 @home *wow* & more",
+        "a 3.5 inch disk , 50 % off # 1 @ home * wow * & more",
+    ),
+    # NLTK's quirk: a number before a period and a lower-case word ends no sentence.
+    ("A photo taken in 2010. A family poses.", "a photo taken in 2010. a family poses ."),
+    # Contractions and possessives.
+    (
+        "A boy doesn't want it: it's his sister's, they're sure we'll see and I'd go.",
+        "a boy does n't want it : it 's his sister 's , they 're sure we 'll see and i 'd go .",
+    ),
+    ("The dogs' toys are on the floor", "the dogs ' toys are on the floor"),
+    ("Gonna go there, wanna come? I cannot.", "gon na go there , wan na come ? i can not ."),
+    # Quotes: double quotes become `` and '', single quotes are split off.
+    ('A woman says "cheese" to the camera.', "a woman says `` cheese '' to the camera ."),
+    (
+        'The man said, "I\'m going home." Then he left.',
+        "the man said , `` i 'm going home . '' then he left .",
+    ),
+    ("A sign reading 'no parking' on a pole.", "a sign reading ' no parking ' on a pole ."),
+    ("A girl with a sign: 'Will work for food.'", "a girl with a sign : ' will work for food . '"),
+    ("A \u201cno smoking\u201d sign", "a \u201c no smoking \u201d sign"),
+    # Hyphens stay inside words; double hyphens, dashes and brackets are split.
+    (
+        "A man in a t-shirt -- tall and thin -- (wearing pink) [sic] {x} <y>",
+        "a man in a t-shirt -- tall and thin -- ( wearing pink ) [ sic ] { x } < y >",
+    ),
+    ("A dog\u2014a big one\u2014running", "a dog \u2014 a big one \u2014 running"),
+    ("A boy (age 5.) is playing", "a boy ( age 5 . ) is playing"),
+    # Abbreviations: at the end of a caption the period is split off; words that Punkt's
+    # English model does not know as abbreviations end a sentence anywhere.
+    ("A soldier in the U.S.", "a soldier in the u.s ."),
+    ("A street sign for Main St.", "a street sign for main st ."),
+    ("Two planes, i.e. jets, fly overhead.", "two planes , i.e . jets , fly overhead ."),
+    (
+        "A box labeled etc. on a shelf, no. 5 on the left.",
+        "a box labeled etc . on a shelf , no . 5 on the left .",
+    ),
+]
 
 
-def test_tokenize_caption_lower_cases():
+@pytest.mark.parametrize(("caption", "expected"), TRICKY_CAPTIONS)
+def test_tokenizer_matches_nltk_on_tricky_captions(tokenizer, caption, expected):
+    assert vocab_lib.tokenize_caption(caption) == expected.split()
+
+
+# (raw caption, nltk.word_tokenize with Punkt's English model, the untrained fallback):
+# the differences listed in the module docstring.
+WHERE_THE_FALLBACK_DIFFERS = [
+    ("In the U.S. today", "in the u.s. today", "in the u.s . today"),
+    (
+        "Mr. Smith is giving a speech.",
+        "mr. smith is giving a speech .",
+        "mr . smith is giving a speech .",
+    ),
+    (
+        "A parade on St. Patrick's Day",
+        "a parade on st. patrick 's day",
+        "a parade on st . patrick 's day",
+    ),
+    (
+        "Players from the U.S. vs. Canada game at 9 p.m. shake hands.",
+        "players from the u.s. vs. canada game at 9 p.m. shake hands .",
+        "players from the u.s . vs . canada game at 9 p.m . shake hands .",
+    ),
+    ("The letter t. 5 times", "the letter t. 5 times", "the letter t . 5 times"),
+    ("In 1990. administrators met", "in 1990 . administrators met", "in 1990. administrators met"),
+]
+
+
+@pytest.mark.parametrize(("caption", "with_model", "fallback"), WHERE_THE_FALLBACK_DIFFERS)
+def test_where_the_fallback_differs_from_the_punkt_model(tokenizer, caption, with_model, fallback):
+    expected = with_model if tokenizer == MODEL else fallback
+    assert vocab_lib.tokenize_caption(caption) == expected.split()
+
+
+def test_the_punkt_model_is_looked_up_on_nltks_data_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])
+    vocab_lib._tokenizer.cache_clear()
+    try:
+        assert not vocab_lib._punkt_model_installed()
+        assert "untrained Punkt" in vocab_lib._tokenizer()[1]
+        # An installed model (only its folder is looked for) makes it nltk's own function.
+        (tmp_path / "tokenizers" / "punkt_tab" / "english").mkdir(parents=True)
+        assert vocab_lib._punkt_model_installed()
+        vocab_lib._tokenizer.cache_clear()
+        assert vocab_lib._tokenizer()[0] is nltk.tokenize.word_tokenize
+    finally:
+        vocab_lib._tokenizer.cache_clear()
+
+
+def test_tokenizing_never_downloads_nor_warns(tokenizer, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("tokenizing tried to download or to connect")
+
+    monkeypatch.setattr(nltk, "download", refuse)
+    monkeypatch.setattr(nltk.downloader.Downloader, "download", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert vocab_lib.tokenize_caption("A dog. Mr. Smith's cat!") == (
+            ["a", "dog", ".", "mr.", "smith", "'s", "cat", "!"]
+            if tokenizer == MODEL
+            else ["a", "dog", ".", "mr", ".", "smith", "'s", "cat", "!"]
+        )
+
+
+def test_importing_the_module_loads_no_nltk_and_prints_nothing():
+    code = "import sys, ncljax.data.vocab; print('nltk' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "False\n", "")
+
+
+def test_tokenize_caption_lower_cases(tokenizer):
     assert vocab_lib.tokenize_caption("A Dog RUNS.") == ["a", "dog", "runs", "."]
 
 
@@ -106,6 +266,7 @@ def test_build_vocab_keeps_words_seen_threshold_times_in_first_seen_order():
     }
     assert vocab.size == 6
     assert "4 times" in vocab.source
+    assert "tokenised by nltk.word_tokenize" in vocab.source
     vocab2 = vocab_lib.build_vocab(captions, threshold=2)
     assert list(vocab2.word2idx)[4:] == ["a", "dog", "runs", "cat", "sits"]
     assert vocab2.encode("the cat runs") == [1, 3, 7, 6, 2]
