@@ -7,26 +7,25 @@ presets of ``ncljax.train.presets``, and fill ``method_kwargs`` from the method 
 signature (``method_kwargs``).
 
 Honest flags: a field that the chosen head, inputs, optimiser, schedule, evaluation kind
-or noise kind does not read (``CONDITIONAL_FIELDS``) must keep its default; otherwise
-``check_fields`` refuses the config with one message naming the field and why, so a
-sweep over a field that changes nothing cannot go unnoticed. The data section must
+or noise kind does not read (``unread.CONDITIONAL_FIELDS``) must keep its default;
+otherwise ``check_fields`` refuses the config with one message naming the field and why,
+so a sweep over a field that changes nothing cannot go unnoticed. The data section must
 belong to ``data.name`` (``switch_dataset`` rebuilds it for another dataset).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import inspect
 import logging
 import math
 import os
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 import ml_collections
 
 from ncljax.data import sources
-from ncljax.train import evaluator, optim
+from ncljax.train import evaluator, optim, unread
 
 NOISE_KINDS = ("none", "per_caption", "per_image", "file", "symmetric", "asymmetric")
 EVAL_KINDS = tuple(evaluator.EVAL_KINDS)
@@ -203,162 +202,6 @@ def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({**defaults, **overrides})
 
 
-@dataclasses.dataclass(frozen=True)
-class Conditional:
-    """Fields read only when ``reads(config)`` holds, which depends on ``deciders``."""
-
-    fields: tuple[str, ...]
-    deciders: tuple[str, ...]
-    reads: Callable[[ml_collections.ConfigDict], bool]
-    when: str  # the condition, as the message says it
-
-
-def _sgraf(c) -> bool:
-    return c.model.head in ("sgr", "saf")
-
-
-def _cosine(c) -> bool:
-    return c.model.head == "cosine"
-
-
-CONDITIONAL_FIELDS = (
-    Conditional(("model.image_hidden",), ("model.head",), _cosine, "model.head='cosine'"),
-    Conditional(
-        ("model.text_hidden",),
-        ("model.head", "model.text_input"),
-        lambda c: _cosine(c) and c.model.text_input == "global",
-        "model.head='cosine' with model.text_input='global'",
-    ),
-    Conditional(
-        ("model.word_dim", "model.text_dropout"),
-        ("model.text_input",),
-        lambda c: c.model.text_input == "tokens",
-        "model.text_input='tokens'",
-    ),
-    Conditional(
-        ("data.length_buckets",),
-        ("model.text_input",),
-        lambda c: c.model.text_input == "tokens",
-        "model.text_input='tokens'",
-    ),
-    Conditional(
-        ("model.bidirectional",),
-        ("model.head", "model.text_input"),
-        lambda c: _cosine(c) and c.model.text_input == "tokens",
-        "model.head='cosine' with model.text_input='tokens' (SGRAF's GRU is always bidirectional)",
-    ),
-    Conditional(
-        ("model.temperature",),
-        ("model.head", "model.classifier"),
-        lambda c: _cosine(c) and c.model.classifier,
-        "model.head='cosine' with model.classifier=True",
-    ),
-    Conditional(
-        ("model.sim_dim", "model.smooth", "model.sim_output", "model.pair_chunk", "model.remat"),
-        ("model.head",),
-        _sgraf,
-        "model.head='sgr' or 'saf'",
-    ),
-    Conditional(
-        ("model.sgr_steps",), ("model.head",), lambda c: c.model.head == "sgr", "model.head='sgr'"
-    ),
-    Conditional(
-        ("optim.weight_decay",),
-        ("optim.name",),
-        lambda c: c.optim.name == "adamw",
-        "optim.name='adamw'",
-    ),
-    Conditional(
-        ("optim.decay_factor", "optim.decay_every"),
-        ("optim.schedule",),
-        lambda c: c.optim.schedule == "step",
-        "optim.schedule='step'",
-    ),
-    Conditional(
-        ("eval.image_chunk", "eval.text_chunk", "eval.coco_5fold"),
-        ("eval.kind",),
-        lambda c: c.eval.kind == "recall",
-        "eval.kind='recall'",
-    ),
-    Conditional(
-        ("noise.file_kind",), ("noise.kind",), lambda c: c.noise.kind == "file", "noise.kind='file'"
-    ),
-    Conditional(
-        ("noise.exact",),
-        ("noise.kind",),
-        lambda c: c.noise.kind in ("per_caption", "per_image"),
-        "noise.kind='per_caption' or 'per_image'",
-    ),
-    Conditional(
-        ("noise.shared_label",),
-        ("noise.kind",),
-        lambda c: c.noise.kind in ("symmetric", "asymmetric"),
-        "noise.kind='symmetric' or 'asymmetric'",
-    ),
-    Conditional(
-        ("noise.exclude_true",),
-        ("noise.kind",),
-        lambda c: c.noise.kind == "symmetric",
-        "noise.kind='symmetric'",
-    ),
-    Conditional(
-        ("noise.seed",),
-        ("noise.kind",),
-        lambda c: c.noise.kind not in ("none", "file"),
-        "noise made from a rate (not noise.kind='none' or 'file')",
-    ),
-)
-
-
-def _get(config, field: str):
-    for part in field.split("."):
-        config = config[part]
-    return config
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return tuple(a) == tuple(b)
-    return a == b
-
-
-def ignored_fields(config, overridden: Collection[str] | None = None) -> tuple[list, list]:
-    """The non-default fields that ``config`` does not read.
-
-    Args:
-      config: the run's config.
-      overridden: the fields set on the command line, when known (``train.py``). A field
-        the config file set is only *warned* about when what makes it unread was
-        overridden (e.g. ``--config.optim.schedule=cosine`` on a file with a step decay);
-        without ``overridden`` every ignored field is refused.
-
-    Returns:
-      ``(refused, warned)``: lists of messages, one per field.
-    """
-    defaults = base_config()
-    refused, warned = [], []
-    for rule in CONDITIONAL_FIELDS:
-        if rule.reads(config):
-            continue
-        for field in rule.fields:
-            value = _get(config, field)
-            if _same(value, _get(defaults, field)):
-                continue
-            deciders = ", ".join(f"{d}={_get(config, d)!r}" for d in rule.deciders)
-            message = (
-                f"{field}={value!r} is read only with {rule.when}, not with {deciders}; "
-                f"remove it or set it to its default {_get(defaults, field)!r}"
-            )
-            overrode_decider = overridden is not None and any(
-                d in overridden for d in rule.deciders
-            )
-            if overridden is not None and field not in overridden and overrode_decider:
-                warned.append(message)
-            else:
-                refused.append(message)
-    return refused, warned
-
-
 def check_data_section(config) -> None:
     """Refuses a data section whose fields are not those of dataset ``data.name``."""
     name = config.data.name
@@ -503,7 +346,7 @@ def check_fields(config, overridden: Collection[str] | None = None) -> None:
             "own pairs and labels.",
             config.noise.rate,
         )
-    refused, warned = ignored_fields(config, overridden)
+    refused, warned = unread.ignored_fields(config, base_config(), overridden)
     problems += refused
     for message in warned:
         logging.warning("%s: the field is ignored.", message)

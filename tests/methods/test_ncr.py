@@ -12,7 +12,7 @@ import pytest
 from ncljax import methods
 from ncljax.methods import base, ncr
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate
+from ncljax.train import train_and_evaluate, unread
 from tests.train.test_loop import chance_rsum, read_metrics, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -209,6 +209,7 @@ def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, backbone):
     config = _two_epochs(ncr_config("synthetic,quick"))
     if backbone == "global":
         config.model.image_input = config.model.text_input = "global"
+        unread.reset_unread(config)  # the token sizes
     results = train_and_evaluate(config, str(tmp_path))
     rows = read_metrics(tmp_path)
     val = [r for r in rows if r["split"] == "val"]

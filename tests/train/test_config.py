@@ -11,6 +11,7 @@ import pytest
 
 from ncljax.data import sources
 from ncljax.train import config as config_lib
+from ncljax.train import unread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,7 +55,7 @@ def _config(settings):
 
 
 def test_every_conditional_field_has_a_case():
-    fields = {f for rule in config_lib.CONDITIONAL_FIELDS for f in rule.fields}
+    fields = {f for rule in unread.CONDITIONAL_FIELDS for f in rule.fields}
     assert fields == {case[0] for case in CASES}
 
 
@@ -65,6 +66,14 @@ def test_a_non_default_field_the_run_does_not_read_is_refused(field, value, unre
     with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} is read only with")) as e:
         config_lib.check_fields(_config({**unread, field: value}))
     assert str(e.value).count("is read only with") == 1  # one message, one field
+
+
+def test_reset_unread_restores_the_defaults_of_unread_fields():
+    config = _config({"model.head": "sgr", "model.sim_dim": 8, "optim.decay_every": 5})
+    config.model.head = "cosine"  # switched in code: the SGRAF size is now unread
+    assert unread.reset_unread(config) == ["model.sim_dim", "optim.decay_every"]
+    assert config.model.sim_dim == 256 and config.optim.decay_every == 10
+    config_lib.check_fields(config)
 
 
 def test_a_field_left_unread_by_a_command_line_choice_is_warned_about(caplog):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ncljax import evaluate
-from ncljax.train import ensemble, train_and_evaluate
+from ncljax.train import ensemble, train_and_evaluate, unread
 from ncljax.train import mesh as mesh_lib
 from tests.train import test_loop
 
@@ -17,6 +17,7 @@ def _tiny_run(workdir, head, seed):
     config.model.head, config.seed = head, seed
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
     config.model.sgr_steps, config.model.remat = 1, False  # compiles in a fraction
+    unread.reset_unread(config)  # the SGRAF sizes, with the cosine head
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))
     return config
