@@ -484,12 +484,12 @@ def relation_scores(
     References:
       UOT-RCL Eq. 16; spec §3.6, §4 line 27, §10 item 1.
     """
-    mask = jnp.asarray(anchor_mask, dtype=bool)[None, :]
+    mask = jnp.asarray(anchor_mask, dtype=bool)
     cos = jnp.matmul(_unit_rows(z), _unit_rows(anchors).T)
     logits = sign * cos / temperature
-    top = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1, keepdims=True)
-    top = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
-    # exp(-inf) = 0 with a zero derivative, so masked logits get no gradient.
-    weights = jnp.exp(jnp.where(mask, logits - top, -jnp.inf))
-    total = jnp.sum(weights, axis=-1, keepdims=True)
-    return weights / jnp.where(total > 0, total, 1.0)
+    # Masked anchors get probability 0 and no gradient from the masked softmax. Its support
+    # must not be empty (that computes -inf - -inf = NaN before zeroing it): with no valid
+    # anchor every (finite) logit is kept and the rows are zeroed afterwards.
+    any_valid = jnp.any(mask)
+    scores = jax.nn.softmax(logits, axis=-1, where=(mask | ~any_valid)[None, :])
+    return jnp.where(any_valid, scores, 0.0)

@@ -6,6 +6,7 @@ losses have no in-batch interactions, so masking is a plain multiplication by th
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax.typing import ArrayLike
 
 # Lower bound on a prototype's norm, as in torch.nn.functional.normalize; it keeps the value and
@@ -76,7 +77,7 @@ def soft_cross_entropy(logits: ArrayLike, targets: ArrayLike) -> jax.Array:
     targets = jnp.asarray(targets, dtype=logits.dtype)
     if targets.shape != logits.shape:
         raise ValueError(f"targets must have shape {logits.shape}, got {targets.shape}")
-    return -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+    return optax.softmax_cross_entropy(logits, targets)
 
 
 def _class_nll(logits: jax.Array, labels: ArrayLike) -> jax.Array:
@@ -89,8 +90,7 @@ def _class_nll(logits: jax.Array, labels: ArrayLike) -> jax.Array:
             f"labels must be int [B] class ids or float [B, K] targets, got {labels.dtype} "
             f"{labels.shape}"
         )
-    log_prob = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.take_along_axis(log_prob, labels[:, None], axis=-1)[:, 0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
 def prototype_cross_entropy(

@@ -551,6 +551,19 @@ def test_relation_scores_all_masked_row_is_zero():
     np.testing.assert_array_equal(got, np.zeros((7, 9)))
 
 
+def test_relation_scores_all_masked_row_has_zero_grad():
+    z, anchors, _ = _relation_inputs(21)
+    mask = np.zeros(9, bool)
+    weights = _rng(22).normal(size=(7, 9)).astype(np.float32)
+
+    def loss(z, anchors):
+        return jnp.sum(weights * relation_scores(z, anchors, mask, temperature=0.01))
+
+    for fn in (loss, jax.jit(loss)):
+        for grad in jax.grad(fn, argnums=(0, 1))(z, anchors):
+            np.testing.assert_array_equal(grad, 0.0)
+
+
 def test_relation_scores_gradients_finite():
     z, anchors, mask = _relation_inputs(15)
     weights = _rng(16).normal(size=(7, 9)).astype(np.float32)

@@ -239,6 +239,20 @@ def test_masked_example_contributes_nothing(fn_name):
     np.testing.assert_array_equal(np.asarray(grad)[:, [1, 4]], 0.0)
 
 
+def test_masked_targets_get_zero_grad():
+    sim, targets, _ = random_case(29, 6, masked=False)
+    where = np.array([True, False, True, True, False, True])
+
+    def total(s, t):
+        return jnp.sum(info_nce(s * 5.0, t, where=where))
+
+    grad_targets = np.asarray(jax.grad(total, argnums=1)(sim, targets))
+    real = np.outer(where, where)
+    np.testing.assert_array_equal(grad_targets[~real], 0.0)
+    # d loss_b / d y_bc = -log p_bc > 0 for every real query and candidate.
+    assert np.all(grad_targets[real] > 0.0)
+
+
 def test_all_masked_batch_is_zero_with_finite_grad():
     sim, targets, _ = random_case(24, 4, masked=False)
     where = np.zeros(4, dtype=bool)

@@ -239,6 +239,7 @@ def test_one_device_equals_eight(tmp_path, devices):
     for num_devices in (1, 8):
         config = _two_epochs(ncr_config("synthetic,quick"))
         config.model.image_input = config.model.text_input = "global"
+        unread.reset_unread(config)  # the token sizes
         config.train.num_devices = num_devices
         runs.append(train_and_evaluate(config, str(tmp_path / str(num_devices))))
     for key in ("rsum", "noise_auc", "noise_auc_net0", "val_rsum"):
@@ -249,6 +250,7 @@ def test_one_device_equals_eight(tmp_path, devices):
 def test_ncr_learns_on_global_feature_vectors(tmp_path):
     config = ncr_config("synthetic")
     config.model.image_input = config.model.text_input = "global"
+    unread.reset_unread(config)  # the token sizes
     config.data.num_train, config.train.progress_bar = 1000, False
     config.method_kwargs.warmup_epochs, config.method_kwargs.noisy_start_epoch = 1, 2
     config.train.epochs = 5
