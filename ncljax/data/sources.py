@@ -20,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+SPLITS = ("train", "val", "test")
 IMAGE_FIELDS = ("regions", "global_image")
 TEXT_FIELDS = ("tokens", "length", "global_text")
 
