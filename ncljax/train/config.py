@@ -117,11 +117,11 @@ def set_data(config, data: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     data.prefetch = old.get("prefetch", 4)  # batches read ahead
     # Cut each training batch's tokens to the first bucket that fits.
     data.length_buckets = old.get("length_buckets", ())
-    unlocked = config.is_locked
-    if unlocked:
+    locked = config.is_locked  # train.py's config is locked; a new section needs a moment
+    if locked:
         config.unlock()
     config.data = data
-    if unlocked:
+    if locked:
         config.lock()
     return config
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from ncljax.data import sources
 from ncljax.train import config as config_lib
 
 PRECOMP = ("f30k", "coco", "cc152k", "now")
@@ -95,7 +96,7 @@ def start(dataset: str, *, labels: bool = False) -> ml_collections.ConfigDict:
     if dataset == "synthetic":
         (_synthetic_labels if labels else _synthetic_pairs)(config)
         return config
-    config_lib.set_data(config, config_lib.sources.default_config(dataset))
+    config_lib.set_data(config, sources.default_config(dataset))
     if dataset in PRECOMP:
         use_sgraf(config, "sgr")
         rate = PRECOMP_NOISE[dataset]
