@@ -13,6 +13,13 @@ from ncljax.losses.ranking import (
     triplet_mean,
     triplet_sum,
 )
+from ncljax.losses.srem import (
+    SREMDirection,
+    complementary_loss,
+    energy_bounded_loss,
+    srem_loss,
+    weighted_hinge_loss,
+)
 from ncljax.losses.structure import (
     gsc_cross_modal_loss,
     gsc_intra_modal_loss,
@@ -21,6 +28,9 @@ from ncljax.losses.structure import (
 )
 
 __all__ = [
+    "SREMDirection",
+    "complementary_loss",
+    "energy_bounded_loss",
     "gsc_cross_modal_loss",
     "gsc_intra_modal_loss",
     "gsc_loss",
@@ -31,8 +41,10 @@ __all__ = [
     "prototype_logits",
     "soft_cross_entropy",
     "soft_margin",
+    "srem_loss",
     "symmetric_info_nce",
     "triplet_hardest",
     "triplet_mean",
     "triplet_sum",
+    "weighted_hinge_loss",
 ]
