@@ -3,14 +3,18 @@ r"""GSC throughput: the train step with the SGR head, and the per-epoch label es
   python benchmarks/gsc_throughput.py step --method=gsc --networks=1 --batch=128
   python benchmarks/gsc_throughput.py step --method=gsc --networks=2 --batch=128
   python benchmarks/gsc_throughput.py step --method=vse --networks=1 --batch=128
+  python benchmarks/gsc_throughput.py step --method=srem --batch=128
   python benchmarks/gsc_throughput.py estimate --samples=145000
 
 ``step``: real Flickr30K shapes with random inputs (36 x 2048 regions, 300-d words, Bi-GRU
 1024, similarity vectors 256, 3 SGR steps, captions of ``--length`` tokens with valid
 lengths between half of it and all of it), the library's jitted train step (Adam 2e-4,
 clipping 2.0) of ``gsc`` (cross-modal, image-image and text-text SGR passes, purified
-losses, buffer writes; labels drawn uniformly so the masks are not trivial) or of the
-``vse`` baseline (hardest-negative triplet on the cross-modal pass); median pairs/s over
+losses, buffer writes; labels drawn uniformly so the masks are not trivial), of the
+``vse`` baseline (hardest-negative triplet on the cross-modal pass) or of ``srem``'s main
+phase (one network; energies, clean splits, swapped weights, complementary
+distributions and the three losses on the cross-modal pass's logits, with its memory
+writes and diagnostics); median pairs/s over
 ``--repeats`` steps after a compiling warm-up, and the process's peak RSS (run one
 configuration per process: the peak includes compilation).
 
@@ -42,7 +46,7 @@ from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
 VOCAB = 8481  # Flickr30K's NCR vocabulary
-MAIN_PHASE = 1  # GSC's purified phase (no warm-up)
+MAIN_PHASE = 1  # GSC's purified phase (no warm-up), SREM's main phase
 
 
 def random_batch(rng, n, length):
@@ -59,10 +63,8 @@ def random_batch(rng, n, length):
 
 def step(args):
     rng = np.random.default_rng(0)
-    if args.method == "gsc":
-        method = methods.build_method("gsc", {"num_networks": args.networks})
-    else:
-        method = methods.build_method("vse", {"num_networks": args.networks})
+    kwargs = {} if args.method == "srem" else {"num_networks": args.networks}
+    method = methods.build_method(args.method, kwargs)
     tx = optax.chain(optax.clip_by_global_norm(2.0), optax.adam(2e-4))
     graphdef, state = state_lib.create(
         model_fn=lambda rngs: sgraf.SGRAFModel(
@@ -87,7 +89,7 @@ def step(args):
         static_argnums=2,
         donate_argnums=0,
     )
-    phase = MAIN_PHASE if args.method == "gsc" else 0
+    phase = 0 if args.method == "vse" else MAIN_PHASE
     holder = [state]
 
     def run():
@@ -133,7 +135,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["step", "estimate"])
     parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--method", default="gsc", choices=["gsc", "vse"])
+    parser.add_argument("--method", default="gsc", choices=["gsc", "vse", "srem"])
     parser.add_argument("--networks", type=int, default=1)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--length", type=int, default=24)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 
-from ncljax.methods import baselines, gsc, ncr, uot_rcl
+from ncljax.methods import baselines, gsc, ncr, srem, uot_rcl
 from ncljax.methods.base import (
     EpochPlan,
     InitContext,
@@ -23,6 +23,7 @@ REGISTRY: dict[str, Callable[..., Method]] = {
     "uot_rcl": uot_rcl.uot_rcl,
     "gsc": gsc.gsc,
     "ncr": ncr.ncr,
+    "srem": srem.srem,
 }
 
 

@@ -397,7 +397,8 @@ class SGRAFModel(nnx.Module):
     embeddings, dropout, a bidirectional PyTorch-style GRU, directions averaged and L2
     normalised; the self-attention global vectors are part of each side's encoding.
     ``sim`` is the head's logit, or its sigmoid with ``sigmoid=True`` (SGRAF's output,
-    used by NCR-style triplet losses and by GSC).
+    used by NCR-style triplet losses and by GSC); a forward pass also returns the raw
+    ``logit`` ``[B, B]`` (methods that read logits, e.g. SREM's energies).
     """
 
     image_keys = ("regions", "glob")
@@ -499,4 +500,5 @@ class SGRAFModel(nnx.Module):
     def __call__(self, batch: dict, *, train: bool = False, rngs=None) -> dict:
         image = self.encode_image(batch, train=train, rngs=rngs)
         text = self.encode_text(batch, train=train, rngs=rngs)
-        return {"image": image, "text": text, "sim": self.similarity(image, text, train=train)}
+        logit = self.head.cross(image, text, train=train)
+        return {"image": image, "text": text, "logit": logit, "sim": self._output(logit)}

@@ -1,0 +1,491 @@
+"""SREM's estimators (ncljax.labels.srem) against float64 numpy loops.
+
+The oracles below are written from the equations of the spec (``srem.md`` Sec. 3), one python
+loop over the queries and one over the candidates, and never call the library. They are also
+the building blocks of the objective's oracle in ``tests/losses/test_srem.py``.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ncljax.labels as labels
+
+RTOL, ATOL = 1e-5, 1e-6
+
+# Compiling one function costs less than dispatching its primitives one by one the first time;
+# the oracle tests call jitted copies, test_jit_equals_no_jit covers the eager path.
+energy = jax.jit(labels.energy)
+clean_mask = jax.jit(labels.clean_mask)
+combine_clean_masks = jax.jit(labels.combine_clean_masks, static_argnames="mode")
+normalized_entropy = jax.jit(labels.normalized_entropy)
+hard_negative_index = jax.jit(labels.hard_negative_index)
+hinge_argument = jax.jit(labels.hinge_argument)
+sgw_weight = jax.jit(labels.sgw_weight)
+swap_weights = jax.jit(labels.swap_weights, static_argnames="indicator")
+complementary_mask = jax.jit(labels.complementary_mask)
+ms_selection_probs = jax.jit(labels.ms_selection_probs)
+rectified_complementary_dist = jax.jit(
+    labels.rectified_complementary_dist, static_argnames="rectify"
+)
+positive_pull = jax.jit(labels.positive_pull)
+TAU = -2.0
+ALPHA = 0.2
+BETA, OFFSET = 50.0, 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracles: float64, one loop over the queries i and one over the candidates j.
+
+
+def real_of(where):
+    return [j for j in range(len(where)) if where[j]]
+
+
+def np_lse(values):
+    values = [float(v) for v in values]
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def _first_argmax(row, columns):
+    """The first column of ``columns`` holding the row's maximum (``np.argmax`` ties)."""
+    best = None
+    for j in columns:
+        if best is None or float(row[j]) > float(row[best]):
+            best = j
+    return best
+
+
+def _sigmoid(x):
+    x = float(x)
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def np_sigmoid(matrix):
+    num = len(matrix)
+    return np.array([[_sigmoid(matrix[i][j]) for j in range(num)] for i in range(num)])
+
+
+def np_energy(logits, where):
+    out = np.zeros(len(where))
+    real = real_of(where)
+    for i in real:
+        out[i] = -np_lse([logits[i][j] for j in real])
+    return out
+
+
+def np_clean(logits, tau, where):
+    out = np.zeros(len(where), bool)
+    real = real_of(where)
+    energies = np_energy(logits, where)
+    for i in real:
+        out[i] = energies[i] < tau and _first_argmax(logits[i], real) == i
+    return out
+
+
+def np_combine(clean_i2t, clean_t2i, mode):
+    out_i2t, out_t2i = [], []
+    for a, b in zip(clean_i2t, clean_t2i, strict=True):
+        if mode == "per_direction":
+            out_i2t.append(bool(a))
+            out_t2i.append(bool(b))
+        elif mode == "and":
+            out_i2t.append(bool(a and b))
+            out_t2i.append(bool(a and b))
+        else:
+            out_i2t.append(bool(a or b))
+            out_t2i.append(bool(a or b))
+    return np.array(out_i2t), np.array(out_t2i)
+
+
+def np_entropy(logits, where):
+    out = np.zeros(len(where))
+    real = real_of(where)
+    if len(real) < 2:
+        return out
+    for i in real:
+        norm = np_lse([logits[i][j] for j in real])
+        total = 0.0
+        for j in real:
+            log_p = float(logits[i][j]) - norm
+            total -= math.exp(log_p) * log_p
+        out[i] = total / math.log(len(real))
+    return out
+
+
+def np_hard_negative(logits, where):
+    real = real_of(where)
+    out = np.arange(len(where))
+    for i in real:
+        negatives = [j for j in real if j != i]
+        if negatives:
+            out[i] = _first_argmax(logits[i], negatives)
+    return out
+
+
+def np_hinge_argument(scores, phi, alpha):
+    return np.array([alpha - scores[i][i] + scores[i][phi[i]] for i in range(len(phi))])
+
+
+def np_sgw(entropy, argument):
+    return np.array([1.0 - e if a > 0 else 1.0 for e, a in zip(entropy, argument, strict=True)])
+
+
+def np_swap(e_i2t, e_t2i, a_i2t, a_t2i, indicator):
+    if indicator == "literal":
+        return np_sgw(e_t2i, a_t2i), np_sgw(e_i2t, a_i2t)
+    return np_sgw(e_t2i, a_i2t), np_sgw(e_i2t, a_t2i)
+
+
+def np_comp_mask(clean, phi, where):
+    num = len(where)
+    out = np.zeros((num, num), bool)
+    real = real_of(where)
+    for i in real:
+        for j in real:
+            out[i, j] = j != i and not (clean[i] and j == phi[i])
+    return out
+
+
+def np_ms(scores, beta, offset, where):
+    num = len(where)
+    out = np.zeros((num, num))
+    real = real_of(where)
+    for i in real:
+        denom = 1.0 + sum(math.exp(beta * (scores[i][k] - offset)) for k in real if k != i)
+        for j in real:
+            if j != i:
+                out[i, j] = math.exp(beta * (scores[i][j] - offset)) / denom
+    return out
+
+
+def np_rectified(selection, mask, rectify):
+    num = len(mask)
+    out = np.zeros((num, num))
+    for i in range(num):
+        cols = [j for j in range(num) if mask[i][j]]
+        if not cols:
+            continue
+        if rectify:
+            norm = sum(math.exp(selection[i][j]) for j in cols)
+            for j in cols:
+                out[i, j] = math.exp(selection[i][j]) / norm
+        else:
+            for j in cols:
+                out[i, j] = 1.0 / len(cols)
+    return out
+
+
+def np_pull(scores, phi, omega, clean, alpha):
+    out = np.zeros(len(phi))
+    for i in range(len(phi)):
+        trained = clean[i] and phi[i] != i
+        if trained and alpha - omega[i] * scores[i][i] + scores[i][phi[i]] > 0:
+            out[i] = omega[i]
+    return out
+
+
+def np_direction(logits, where, tau=TAU, alpha=ALPHA):
+    """Every per-direction estimator of one view (the ``F`` or ``F.T`` matrix)."""
+    logits = np.asarray(logits, np.float64)
+    scores = np_sigmoid(logits)
+    phi = np_hard_negative(logits, where)
+    return {
+        "scores": scores,
+        "energy": np_energy(logits, where),
+        "clean": np_clean(logits, tau, where),
+        "entropy": np_entropy(logits, where),
+        "phi": phi,
+        "argument": np_hinge_argument(scores, phi, alpha),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch: 8 slots, padding at 3 (middle) and 7 (end); the padding rows and columns hold huge
+# logits, so any leak into a logsumexp, argmax, softmax or normaliser shows.
+
+WHERE = np.array([True, True, True, False, True, True, True, False])
+REAL = np.flatnonzero(WHERE)
+
+
+def make_logits(seed=0):
+    rng = np.random.default_rng(seed)
+    f = rng.uniform(-1.5, 1.0, size=(8, 8))
+    f[0, 0], f[1, 1], f[2, 2], f[4, 4], f[5, 5], f[6, 6] = 4.0, 3.5, 0.2, 4.0, 3.0, 2.0
+    f[4, 0] = 4.0  # i2t row 4: the positive ties with the earlier column 0 -> not clean
+    f[1, 5] = 3.0  # t2i row 5 (column 5): its positive ties with the earlier row 1 -> not clean
+    f[6, 2] = 2.5  # i2t row 6: a negative beats the positive -> not clean
+    f[2, 0] = f[2, 4] = 1.2  # i2t row 2: tied hardest negatives -> phi = 0
+    f[3, :] = 30.0  # padding row and column
+    f[:, 3] = 30.0
+    f[7, :] = -20.0
+    f[:, 7] = 25.0
+    return f.astype(np.float32)
+
+
+LOGITS = make_logits()
+VIEWS = {"i2t": LOGITS, "t2i": np.ascontiguousarray(LOGITS.T)}
+
+
+def test_the_batch_covers_the_cases():
+    i2t = np_direction(VIEWS["i2t"], WHERE)
+    t2i = np_direction(VIEWS["t2i"], WHERE)
+    np.testing.assert_array_equal(i2t["clean"], [1, 1, 0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(t2i["clean"], [1, 1, 0, 0, 1, 0, 1, 0])
+    assert i2t["phi"][2] == 0
+    for d in (i2t, t2i):
+        assert np.abs(d["energy"][REAL] - TAU).min() > 0.05  # float32 cannot flip a decision
+        assert np.abs(d["argument"][REAL]).min() > 0.01
+        assert (d["argument"][REAL] > 0).any() and (d["argument"][REAL] < 0).any()
+
+
+# ---------------------------------------------------------------------------------------------
+# Eqs. 1-2: energy and the clean split.
+
+
+@pytest.mark.parametrize("view", ["i2t", "t2i"])
+def test_energy_and_clean_mask_match_oracle(view):
+    f = VIEWS[view]
+    got = energy(f, where=WHERE)
+    np.testing.assert_allclose(got, np_energy(f, WHERE), rtol=RTOL, atol=ATOL)
+    assert (np.asarray(got)[~WHERE] == 0).all()
+    for tau in (TAU, -3.5, 0.0):
+        mask = clean_mask(f, tau, where=WHERE)
+        assert mask.dtype == jnp.bool_
+        np.testing.assert_array_equal(mask, np_clean(f, tau, WHERE))
+    # Without padding, the huge padding entries dominate: every real row is then not clean.
+    np.testing.assert_array_equal(clean_mask(f, TAU), np_clean(f, TAU, np.ones(8, bool)))
+
+
+def test_tied_positive_is_not_clean_but_a_later_tie_is():
+    # Row 0 ties its positive with the later column 2, row 1 with the earlier column 0; the
+    # padding column 3 holds a larger value in every row.
+    f = np.zeros((8, 8), np.float32)
+    np.fill_diagonal(f, 5.0)
+    f[0, 2] = f[1, 0] = 5.0
+    f[:, 3] = 9.0
+    want = np.array([True, False, True, False, True, True, True, False])
+    np.testing.assert_array_equal(clean_mask(f, 0.0, where=WHERE), want)
+    np.testing.assert_array_equal(clean_mask(f, 0.0, where=WHERE), np_clean(f, 0.0, WHERE))
+
+
+def test_combine_clean_masks():
+    a = np.array([True, True, False, False, True])
+    b = np.array([True, False, True, False, False])
+    for mode in ("per_direction", "and", "or"):
+        got = combine_clean_masks(a, b, mode)
+        want = np_combine(a, b, mode)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match="clean_set"):
+        combine_clean_masks(a, b, "xor")
+
+
+# ---------------------------------------------------------------------------------------------
+# Eqs. 4-6: entropy, hard negative, hinge argument, swapped weights.
+
+
+@pytest.mark.parametrize("view", ["i2t", "t2i"])
+def test_entropy_hard_negative_and_argument_match_oracle(view):
+    f = VIEWS[view]
+    want = np_direction(f, WHERE)
+    got_e = normalized_entropy(f, where=WHERE)
+    np.testing.assert_allclose(got_e, want["entropy"], rtol=RTOL, atol=ATOL)
+    assert (np.asarray(got_e)[~WHERE] == 0).all()
+    phi = hard_negative_index(f, where=WHERE)
+    assert phi.dtype == jnp.int32
+    np.testing.assert_array_equal(phi, want["phi"])
+    scores = np.asarray(jax.nn.sigmoid(f))
+    np.testing.assert_allclose(
+        hinge_argument(scores, phi, ALPHA), want["argument"], rtol=RTOL, atol=ATOL
+    )
+
+
+def test_entropy_normaliser_counts_the_real_candidates():
+    # Flat real rows have entropy log n: normalised by log n (n = 6 real), exactly 1.
+    f = np.broadcast_to(np.where(WHERE, 0.0, 40.0), (8, 8)).astype(np.float32)
+    got = normalized_entropy(f, where=WHERE)
+    np.testing.assert_allclose(got, np.where(WHERE, 1.0, 0.0), rtol=RTOL, atol=ATOL)
+
+
+def test_swap_weights_and_sgw_weight():
+    i2t = np_direction(VIEWS["i2t"], WHERE)
+    t2i = np_direction(VIEWS["t2i"], WHERE)
+    np.testing.assert_allclose(
+        sgw_weight(i2t["entropy"], i2t["argument"]),
+        np_sgw(i2t["entropy"], i2t["argument"]),
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    results = {}
+    for indicator in ("literal", "loss_direction"):
+        got = swap_weights(
+            i2t["entropy"], t2i["entropy"], i2t["argument"], t2i["argument"], indicator=indicator
+        )
+        want = np_swap(i2t["entropy"], t2i["entropy"], i2t["argument"], t2i["argument"], indicator)
+        np.testing.assert_allclose(got[0], want[0], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=ATOL)
+        results[indicator] = np.asarray(got[0])
+    assert not np.allclose(results["literal"], results["loss_direction"])
+    with pytest.raises(ValueError, match="sgw_indicator"):
+        swap_weights(
+            i2t["entropy"], t2i["entropy"], i2t["argument"], t2i["argument"], indicator="x"
+        )
+
+
+def test_rows_without_negatives():
+    # One real pair among padding: no negative, no complementary candidate, no entropy.
+    where = np.zeros(8, bool)
+    where[5] = True
+    own = np.arange(8)
+    f = np.asarray(make_logits(1))
+    f[5, 5] = -1.0
+    np.testing.assert_array_equal(hard_negative_index(f, where=where), own)
+    np.testing.assert_allclose(energy(f, where=where), np.where(where, 1.0, 0.0), rtol=RTOL)
+    np.testing.assert_array_equal(clean_mask(f, 0.0, where=where), np.zeros(8, bool))
+    np.testing.assert_array_equal(clean_mask(f, 2.0, where=where), where)
+    np.testing.assert_array_equal(normalized_entropy(f, where=where), 0.0)
+    mask = complementary_mask(where, own, where=where)
+    assert not np.asarray(mask).any()
+    np.testing.assert_array_equal(ms_selection_probs(f, BETA, OFFSET, where=where), 0.0)
+    np.testing.assert_array_equal(rectified_complementary_dist(np.ones((8, 8)), mask), 0.0)
+    scores = np.asarray(jax.nn.sigmoid(f))
+    np.testing.assert_allclose(hinge_argument(scores, own, ALPHA), ALPHA, rtol=RTOL)
+    np.testing.assert_array_equal(positive_pull(scores, own, np.ones(8), where, 5.0), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eqs. 10-12: complementary candidates, selection probabilities, Q.
+
+
+@pytest.mark.parametrize("view", ["i2t", "t2i"])
+def test_complementary_mask_selection_and_q_match_oracle(view):
+    f = VIEWS[view]
+    d = np_direction(f, WHERE)
+    scores = np.asarray(jax.nn.sigmoid(f))
+    mask = complementary_mask(d["clean"], d["phi"], where=WHERE)
+    want_mask = np_comp_mask(d["clean"], d["phi"], WHERE)
+    np.testing.assert_array_equal(mask, want_mask)
+    assert want_mask[~WHERE].sum() == 0 and want_mask[:, ~WHERE].sum() == 0
+    selection = ms_selection_probs(scores, BETA, OFFSET, where=WHERE)
+    want_sel = np_ms(d["scores"], BETA, OFFSET, WHERE)
+    np.testing.assert_allclose(selection, want_sel, rtol=RTOL, atol=ATOL)
+    assert (np.diagonal(np.asarray(selection)) == 0).all()
+    assert (np.asarray(selection)[~WHERE] == 0).all()
+    assert (np.asarray(selection)[:, ~WHERE] == 0).all()
+    for rectify in (True, False):
+        q = np.asarray(rectified_complementary_dist(selection, mask, rectify=rectify))
+        np.testing.assert_allclose(q, np_rectified(want_sel, want_mask, rectify), rtol=RTOL)
+        assert (q[~want_mask] == 0).all()
+        np.testing.assert_allclose(q[WHERE].sum(1), 1.0, rtol=RTOL)
+
+
+def test_selection_probs_do_not_overflow():
+    rng = np.random.default_rng(3)
+    scores = rng.uniform(0.001, 0.999, size=(8, 8)).astype(np.float32)
+    scores[0, 1:] = 0.9999  # exp(beta (S - b)) near its largest for S in (0, 1)
+    for beta in (BETA, 500.0):  # 500: exp(250) overflows float32 outside log space
+        got = np.asarray(ms_selection_probs(scores, beta, OFFSET, where=WHERE))
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, np_ms(scores, beta, OFFSET, WHERE), rtol=RTOL, atol=ATOL)
+
+
+def test_rectified_dist_uniform_and_empty_rows():
+    rng = np.random.default_rng(5)
+    selection = rng.uniform(0.0, 1.0, size=(8, 8)).astype(np.float32)
+    mask = rng.uniform(size=(8, 8)) < 0.5
+    mask[2] = False  # an empty row
+    mask[4, :] = np.arange(8) == 6  # a single candidate
+    biased = rectified_complementary_dist(selection, mask)
+    np.testing.assert_allclose(biased, np_rectified(selection, mask, True), rtol=RTOL)
+    uniform = rectified_complementary_dist(selection, mask, rectify=False)
+    np.testing.assert_allclose(uniform, np_rectified(selection, mask, False), rtol=RTOL)
+    for q in (biased, uniform):
+        q = np.asarray(q)
+        assert (q[2] == 0).all() and (q[~mask] == 0).all() and q[4, 6] == 1.0
+
+
+def test_positive_pull_matches_oracle():
+    for view in ("i2t", "t2i"):
+        d = np_direction(VIEWS[view], WHERE)
+        scores = np.asarray(jax.nn.sigmoid(VIEWS[view]))
+        omega = np.linspace(0.3, 1.0, 8)
+        for margin in (ALPHA, 0.05):
+            got = positive_pull(scores, d["phi"], omega, d["clean"], margin)
+            np.testing.assert_allclose(
+                got, np_pull(d["scores"], d["phi"], omega, d["clean"], margin), rtol=RTOL
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# No gradient through the estimators; jit equals eager.
+
+
+def test_stop_gradient_quantities_have_exactly_zero_gradient():
+    f = jnp.asarray(LOGITS)
+    rng = np.random.default_rng(4)
+    weights = jnp.asarray(rng.normal(size=(8, 8)), jnp.float32)
+    d = np_direction(LOGITS, WHERE)
+    mask = np_comp_mask(d["clean"], d["phi"], WHERE)
+    scores = jax.nn.sigmoid(f)
+    checks = {
+        "clean_mask": (lambda x: clean_mask(x, TAU, where=WHERE).astype(x.dtype) @ weights[0], f),
+        "normalized_entropy": (lambda x: normalized_entropy(x, where=WHERE) @ weights[0], f),
+        "ms_selection_probs": (
+            lambda x: (ms_selection_probs(x, BETA, OFFSET, where=WHERE) * weights).sum(),
+            scores,
+        ),
+        "rectified_complementary_dist": (
+            lambda x: (rectified_complementary_dist(x, mask) * weights).sum(),
+            scores,
+        ),
+        "sgw_weight": (lambda x: sgw_weight(x[0], x[1] - 0.5) @ weights[0], scores),
+        "swap_weights": (
+            lambda x: (
+                swap_weights(x[0], x[1], x[2] - 0.5, x[3] - 0.5)[0] @ weights[0]
+                + swap_weights(x[0], x[1], x[2] - 0.5, x[3] - 0.5, indicator="loss_direction")[1]
+                @ weights[1]
+            ),
+            scores,
+        ),
+        "positive_pull scores": (
+            lambda x: positive_pull(x, d["phi"], scores[0], d["clean"], 0.9) @ weights[0],
+            scores,
+        ),
+        "positive_pull weight": (
+            lambda w: positive_pull(scores, d["phi"], w, d["clean"], 0.9) @ weights[0],
+            scores[0],
+        ),
+    }
+    for name, (fn, x) in checks.items():
+        assert float(jnp.abs(fn(x))) > 0, name  # a non-trivial function of its input
+        grad = np.asarray(jax.grad(fn)(x))
+        assert (grad == 0).all(), name
+
+
+def test_energy_gradient_is_the_softmax_over_real_candidates():
+    grad = np.asarray(jax.grad(lambda x: energy(x, where=WHERE).sum())(jnp.asarray(LOGITS)))
+    want = np.zeros((8, 8))
+    for i in REAL:
+        norm = np_lse([LOGITS[i][j] for j in REAL])
+        for j in REAL:
+            want[i, j] = -math.exp(float(LOGITS[i][j]) - norm)
+    np.testing.assert_allclose(grad, want, rtol=RTOL, atol=ATOL)
+
+
+def test_jit_equals_no_jit():
+    f = LOGITS
+    scores = np.asarray(jax.nn.sigmoid(f))
+    calls = [
+        ("energy", (f,), energy),
+        ("clean_mask", (f, TAU), clean_mask),
+        ("normalized_entropy", (f,), normalized_entropy),
+        ("ms_selection_probs", (scores, BETA, OFFSET), ms_selection_probs),
+    ]
+    for name, args, jitted in calls:
+        eager = getattr(labels, name)(*args, where=WHERE)
+        np.testing.assert_allclose(jitted(*args, where=WHERE), eager, rtol=1e-6, atol=1e-7)

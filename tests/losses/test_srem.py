@@ -1,0 +1,565 @@
+"""SREM's objectives (ncljax.losses.srem) against float64 numpy loops.
+
+The loss oracles are written from the equations (``srem.md`` Secs. 3.3, 3.5-3.7) with python
+loops and never call the library; the estimators' oracles come from tests/labels/test_srem.py.
+RCL's complementary contrastive loss (``penghu-cs/RCL``, ``CCL``, ``method='log'``) is
+reimplemented from its description to check that CMBCL contains it.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ncljax.losses import (
+    complementary_loss,
+    energy_bounded_loss,
+    srem_loss,
+    weighted_hinge_loss,
+)
+from tests.labels.test_srem import (
+    LOGITS,
+    REAL,
+    WHERE,
+    np_combine,
+    np_comp_mask,
+    np_direction,
+    np_hard_negative,
+    np_lse,
+    np_ms,
+    np_pull,
+    np_rectified,
+    np_swap,
+    real_of,
+)
+
+RTOL, ATOL = 1e-5, 1e-6
+# The spec's clamp 1 - 1e-6 of the matrix-product readings, as float32 holds it.
+CLAMP = float(np.float32(1.0 - 1e-6))
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracles: float64 loops. Each loss returns (objective, per-pair shares).
+
+
+def _relu(x):
+    return x if x > 0 else 0.0
+
+
+def _sigmoid(x):
+    x = float(x)
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _softplus(x):
+    x = float(x)
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+def np_energy_bounded(energies, clean, where, m_clean=-4.0, m_noisy=0.0):
+    """Eq. 3: mean over the clean pairs plus mean over the noisy pairs (0 if empty)."""
+    real = real_of(where)
+    clean_rows = [i for i in real if clean[i]]
+    noisy_rows = [i for i in real if not clean[i]]
+    terms = np.zeros(len(where))
+    for i in clean_rows:
+        terms[i] = _relu(float(energies[i]) - m_clean) ** 2
+    for i in noisy_rows:
+        terms[i] = _relu(m_noisy - float(energies[i])) ** 2
+    objective = sum(terms[i] for i in clean_rows) / max(1, len(clean_rows))
+    objective += sum(terms[i] for i in noisy_rows) / max(1, len(noisy_rows))
+    shares = np.zeros(len(where))
+    for i in clean_rows:
+        shares[i] = len(real) / max(1, len(clean_rows)) * terms[i]
+    for i in noisy_rows:
+        shares[i] = len(real) / max(1, len(noisy_rows)) * terms[i]
+    return objective, shares
+
+
+def np_weighted_hinge(scores, phi, omega, clean, where, margin=0.2):
+    """Eq. 6 over the clean queries that have a negative."""
+    real = real_of(where)
+    rows = [i for i in real if clean[i] and phi[i] != i]
+    terms = {i: _relu(margin - float(omega[i]) * scores[i][i] + scores[i][phi[i]]) for i in rows}
+    shares = np.zeros(len(where))
+    for i in rows:
+        shares[i] = len(real) / max(1, len(rows)) * terms[i]
+    return sum(terms.values()) / max(1, len(rows)), shares
+
+
+def np_probabilities(logits, where, prob="softmax", temperature=0.05):
+    """``(P, log(1 - P))`` on the real candidates, ``log(1 - P)`` of a softmax as
+    ``log sum_{k != j} exp(x_k) - log sum_k exp(x_k)``."""
+    num = len(where)
+    real = real_of(where)
+    p, log1m = np.zeros((num, num)), np.zeros((num, num))
+    for i in real:
+        if prob == "sigmoid":
+            for j in real:
+                p[i, j] = _sigmoid(logits[i][j])
+                log1m[i, j] = -_softplus(logits[i][j])
+            continue
+        x = {
+            j: _sigmoid(logits[i][j]) / temperature if prob == "rcl" else logits[i][j] for j in real
+        }
+        total = np_lse(x.values())
+        for j in real:
+            p[i, j] = math.exp(x[j] - total)
+            others = [x[k] for k in real if k != j]
+            log1m[i, j] = np_lse(others) - total if others else -math.inf
+    return p, log1m
+
+
+def np_complementary(
+    logits, q, mask, where, reduction="sum", prob="softmax", temperature=0.05, form="expectation"
+):
+    """Eq. 13 per query (its mean over the real queries is L_c); ``q`` is read on the mask."""
+    num = len(where)
+    real = real_of(where)
+    p, log1m = np_probabilities(logits, where, prob, temperature)
+
+    def q_at(k, j):
+        return float(q[k][j]) if mask[k][j] and where[k] and where[j] else 0.0
+
+    out = np.zeros(num)
+    for i in real:
+        cands = [j for j in real if mask[i][j]]
+        if not cands:
+            continue
+        kappa = len(cands) if reduction == "sum" else 1.0
+        if form == "expectation":
+            out[i] = -kappa * sum(q_at(i, j) * log1m[i, j] for j in cands)
+            continue
+        total = 0.0
+        for j in cands:
+            if form == "matmul_PQ":
+                mixed = sum(p[i, k] * q_at(k, j) for k in real)
+            else:
+                mixed = sum(q_at(k, i) * p[k, j] for k in real)
+            total += math.log(1.0 - min(mixed, CLAMP))
+        out[i] = -kappa * total / len(cands)
+    return out
+
+
+DEFAULTS = {
+    "warmup": False,
+    "threshold": -2.0,
+    "m_clean": -4.0,
+    "m_noisy": 0.0,
+    "margin": 0.2,
+    "beta": 50.0,
+    "offset": 0.5,
+    "lambda1": 0.05,
+    "lambda2": 1.0,
+    "cl_reduction": "sum",
+    "cl_prob": "softmax",
+    "rcl_temperature": 0.05,
+    "rectify": "biased",
+    "sgw_indicator": "literal",
+    "gradient_weighting": True,
+    "clean_set": "per_direction",
+    "warmup_lambda2": False,
+}
+
+
+def np_srem(logits, where, **config):
+    """The total objective (Sec. 3.7) from the oracles, its per-pair shares and the constants
+    of each direction (clean set used, phi, omega, A, Q, kappa)."""
+    cfg = {**DEFAULTS, **config}
+    logits = np.asarray(logits, np.float64)
+    views = {"i2t": logits, "t2i": logits.T}
+    est = {d: np_direction(f, where, cfg["threshold"], cfg["margin"]) for d, f in views.items()}
+    for d in views:
+        assert np.abs(est[d]["energy"][where] - cfg["threshold"]).min() > 1e-3
+    combined = np_combine(est["i2t"]["clean"], est["t2i"]["clean"], cfg["clean_set"])
+    clean = dict(zip(views, combined, strict=True))
+    if cfg["gradient_weighting"]:
+        omega = np_swap(
+            est["i2t"]["entropy"],
+            est["t2i"]["entropy"],
+            est["i2t"]["argument"],
+            est["t2i"]["argument"],
+            cfg["sgw_indicator"],
+        )
+        omega = dict(zip(views, omega, strict=True))
+    else:
+        omega = {d: np.ones(len(where)) for d in views}
+    form = cfg["rectify"] if cfg["rectify"].startswith("matmul") else "expectation"
+    total, shares, consts = 0.0, np.zeros(len(where)), {}
+    for d, f in views.items():
+        used = np.zeros(len(where), bool) if cfg["warmup"] else clean[d]
+        mask = np_comp_mask(used, est[d]["phi"], where)
+        selection = np_ms(est[d]["scores"], cfg["beta"], cfg["offset"], where)
+        q = np_rectified(selection, mask, cfg["rectify"] != "uniform")
+        comp = np_complementary(
+            f, q, mask, where, cfg["cl_reduction"], cfg["cl_prob"], cfg["rcl_temperature"], form
+        )
+        kappa = mask.sum(1) if cfg["cl_reduction"] == "sum" else np.ones(len(where))
+        consts[d] = {
+            **est[d],
+            "clean": clean[d],
+            "used": used,
+            "omega": omega[d],
+            "mask": mask,
+            "q": q,
+            "kappa": kappa,
+            "complementary": comp,
+        }
+        if cfg["warmup"]:
+            scale = cfg["lambda2"] if cfg["warmup_lambda2"] else 1.0
+            total += scale * comp[where].mean()
+            shares += scale * comp
+            consts[d]["pull"] = np.zeros(len(where))
+            continue
+        hinge, hinge_shares = np_weighted_hinge(
+            est[d]["scores"], est[d]["phi"], omega[d], used, where, cfg["margin"]
+        )
+        bounded, bounded_shares = np_energy_bounded(
+            est[d]["energy"], used, where, cfg["m_clean"], cfg["m_noisy"]
+        )
+        total += 0.5 * hinge + cfg["lambda1"] * bounded + cfg["lambda2"] * comp[where].mean()
+        shares += 0.5 * hinge_shares + cfg["lambda1"] * bounded_shares + cfg["lambda2"] * comp
+        consts[d]["hinge"], consts[d]["energy_loss"] = hinge_shares, bounded_shares
+        consts[d]["pull"] = np_pull(est[d]["scores"], est[d]["phi"], omega[d], used, cfg["margin"])
+    return total, shares, consts
+
+
+def np_rcl(scores, tau=0.05):
+    """RCL's complementary contrastive loss, ``log`` form, all negatives (``ratio=0``):
+    ``p = exp(s / tau) / sum_row exp(s / tau)`` for i2t and for t2i (on ``s.T``), and the loss
+    ``-mean_i sum_{j != i} log(1 - p_ij)`` of each, summed."""
+    num = len(scores)
+    loss = 0.0
+    for matrix in (scores, np.transpose(scores)):
+        rows = 0.0
+        for i in range(num):
+            denom = sum(math.exp(float(matrix[i][k]) / tau) for k in range(num))
+            for j in range(num):
+                if j != i:
+                    rows += math.log(1.0 - math.exp(float(matrix[i][j]) / tau) / denom)
+        loss += -rows / num
+    return loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Energy-bounded loss and weighted hinge (Eqs. 3, 6, 7).
+
+VIEWS = {"i2t": LOGITS, "t2i": np.ascontiguousarray(LOGITS.T)}
+
+
+@pytest.mark.parametrize("view", ["i2t", "t2i"])
+def test_energy_bounded_loss_matches_oracle(view):
+    d = np_direction(VIEWS[view], WHERE)
+    energies = d["energy"].astype(np.float32)
+    for clean in (d["clean"], WHERE.copy(), np.zeros(8, bool)):  # mixed, all clean, none
+        for margins in ((-4.0, 0.0), (-3.0, -3.5)):
+            got = np.asarray(
+                energy_bounded_loss(
+                    energies, clean, m_clean=margins[0], m_noisy=margins[1], where=WHERE
+                )
+            )
+            want, shares = np_energy_bounded(energies, clean, WHERE, *margins)
+            np.testing.assert_allclose(got[WHERE].mean(), want, rtol=RTOL, atol=ATOL)
+            np.testing.assert_allclose(got, shares, rtol=RTOL, atol=ATOL)
+            assert (got[~WHERE] == 0).all()
+
+
+@pytest.mark.parametrize("view", ["i2t", "t2i"])
+def test_weighted_hinge_loss_matches_oracle(view):
+    f = VIEWS[view]
+    d = np_direction(f, WHERE)
+    scores = np.asarray(jax.nn.sigmoid(f))
+    omega = np.random.default_rng(1).uniform(0.2, 1.0, 8).astype(np.float32)
+    for clean in (d["clean"], WHERE.copy(), np.zeros(8, bool)):
+        for margin in (0.2, 0.05):
+            got = np.asarray(
+                weighted_hinge_loss(scores, d["phi"], omega, clean, margin=margin, where=WHERE)
+            )
+            want, shares = np_weighted_hinge(d["scores"], d["phi"], omega, clean, WHERE, margin)
+            np.testing.assert_allclose(got[WHERE].mean(), want, rtol=RTOL, atol=ATOL)
+            np.testing.assert_allclose(got, shares, rtol=RTOL, atol=ATOL)
+            assert (got[~WHERE] == 0).all()
+    # A query whose "hard negative" is itself has no negative and contributes nothing.
+    own = np.arange(8)
+    np.testing.assert_array_equal(
+        weighted_hinge_loss(scores, own, omega, WHERE, margin=0.9, where=WHERE), 0.0
+    )
+
+
+def test_weighted_hinge_gradient_is_eq7():
+    rng = np.random.default_rng(2)
+    scores = rng.uniform(0.2, 0.6, size=(8, 8)).astype(np.float32)
+    scores[np.arange(8), np.arange(8)] = rng.uniform(0.3, 0.5, 8)
+    scores[~WHERE, :] = scores[:, ~WHERE] = 0.99  # padding: never a hard negative
+    phi = np_hard_negative(scores, WHERE)
+    omega = rng.uniform(0.3, 1.0, 8).astype(np.float32)
+    clean = WHERE.copy()  # every real row clean; margin 0.5 keeps every hinge active
+    num_clean, num = clean.sum(), WHERE.sum()
+    for i in REAL:
+        assert 0.5 - omega[i] * scores[i, i] + scores[i, phi[i]] > 0
+
+    def summed(s):
+        shares = weighted_hinge_loss(s, phi, omega, clean, margin=0.5, where=WHERE)
+        return shares.sum() * num_clean / num
+
+    grad = np.asarray(jax.grad(summed)(jnp.asarray(scores)))
+    want = np.zeros((8, 8))
+    for i in REAL:
+        want[i, i] = -omega[i]  # -dL/dS_ii = omega_i
+        want[i, phi[i]] = 1.0  # -dL/dS_i,phi(i) = -1
+    np.testing.assert_allclose(grad, want, rtol=1e-6, atol=0)
+    assert (grad[want == 0] == 0).all()
+    # The weight is a constant of the loss.
+    grad_omega = jax.grad(
+        lambda w: weighted_hinge_loss(scores, phi, w, clean, margin=0.5, where=WHERE).sum()
+    )(jnp.asarray(omega))
+    assert (np.asarray(grad_omega) == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Complementary loss (Eqs. 12-13) and its RCL special case.
+
+
+def _off_diagonal(where):
+    return where[:, None] & where[None, :] & ~np.eye(len(where), dtype=bool)
+
+
+def _complementary_case(view):
+    f = VIEWS[view]
+    d = np_direction(f, WHERE)
+    mask = np_comp_mask(d["clean"], d["phi"], WHERE)
+    q = np_rectified(np_ms(d["scores"], 50.0, 0.5, WHERE), mask, True)
+    # Garbage off the mask (padding included) must be ignored.
+    q_in = np.where(mask, q, 0.3).astype(np.float32)
+    return f, q, q_in, mask
+
+
+@pytest.mark.parametrize("view", ["i2t", "t2i"])
+def test_complementary_loss_matches_oracle(view):
+    f, q, q_in, mask = _complementary_case(view)
+    for form in ("expectation", "matmul_PQ", "matmul_QtP"):
+        for prob in ("softmax", "sigmoid", "rcl"):
+            for reduction in ("sum", "mean"):
+                got = np.asarray(
+                    complementary_loss(
+                        f, q_in, mask, reduction=reduction, prob=prob, form=form, where=WHERE
+                    )
+                )
+                want = np_complementary(f, q, mask, WHERE, reduction, prob, 0.05, form)
+                np.testing.assert_allclose(
+                    got, want, rtol=RTOL, atol=ATOL, err_msg=f"{form} {prob} {reduction}"
+                )
+                assert (got[~WHERE] == 0).all()
+    got = complementary_loss(f, q_in, mask, prob="rcl", rcl_temperature=0.2, where=WHERE)
+    want = np_complementary(f, q, mask, WHERE, "sum", "rcl", 0.2)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    # Q is a constant of the loss.
+    grad_q = jax.grad(lambda x: complementary_loss(f, x, mask, where=WHERE).sum())(
+        jnp.asarray(q_in)
+    )
+    assert (np.asarray(grad_q) == 0).all()
+
+
+def test_complementary_loss_when_a_negative_dominates():
+    # Row 1: one negative at 40 against 0; row 2: two tied negatives at 40; row 5: the
+    # positive at 40; the padding column 3 at 40 is no candidate.
+    f = np.zeros((8, 8), np.float32)
+    f[1, 4] = f[2, 0] = f[2, 5] = f[5, 5] = 40.0
+    f[:, 3] = 40.0
+    rows = np.arange(8)
+    complementary = jax.jit(complementary_loss, static_argnames=("reduction", "prob", "form"))
+    mask = _off_diagonal(WHERE)
+    uniform = np.where(mask, 1.0 / np.maximum(mask.sum(1, keepdims=True), 1), 0.0)
+    uniform = uniform.astype(np.float32)
+    for prob in ("softmax", "sigmoid", "rcl"):
+        _, want = np_probabilities(f, WHERE, prob)
+        if prob == "softmax":
+            assert want[1, 4] < -37.0  # log(5) - log(e^40 + 5): 1 - P is 0 in float32
+            assert abs(want[2, 0] + math.log(2.0)) < 1e-9  # two tied maxima: 1 - P ~ 1/2
+        got = np.zeros((8, 8))
+        for shift in range(8):  # one-hot Q on column (i + shift) % 8 of every row i
+            columns = (rows + shift) % 8
+            onehot = np.zeros((8, 8), np.float32)
+            onehot[rows, columns] = 1.0
+            loss = complementary(f, onehot, onehot > 0, reduction="mean", prob=prob, where=WHERE)
+            got[rows, columns] = -np.asarray(loss)
+        real = np.ix_(REAL, REAL)
+        np.testing.assert_allclose(got[real], want[real], rtol=RTOL, atol=ATOL, err_msg=prob)
+        assert got[~WHERE].sum() == 0 and got[:, ~WHERE].sum() == 0
+
+        def summed(x, prob=prob):
+            return complementary(x, uniform, mask, prob=prob, where=WHERE).sum()
+
+        grad = np.asarray(jax.grad(summed)(jnp.asarray(f)))
+        assert np.isfinite(grad).all() and (grad[~WHERE] == 0).all(), prob
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_rcl_is_a_special_case(padded):
+    where = WHERE if padded else np.ones(8, bool)
+    rng = np.random.default_rng(6)
+    f = rng.uniform(-4.0, 4.0, size=(8, 8)).astype(np.float32)
+    real = np.flatnonzero(where)
+    want = np_rcl(np_sigmoid_matrix(f[np.ix_(real, real)]))
+    mask = _off_diagonal(where)  # no clean row: every real negative
+    uniform = np.where(mask, 1.0 / max(1, len(real) - 1), 0.0).astype(np.float32)
+    kwargs = {"reduction": "sum", "prob": "rcl", "rcl_temperature": 0.05, "where": where}
+    both = complementary_loss(f, uniform, mask, **kwargs) + complementary_loss(
+        f.T, uniform, mask, **kwargs
+    )
+    np.testing.assert_allclose(np.asarray(both)[where].mean(), want, rtol=RTOL)
+    shares, _ = srem_loss(f, warmup=True, rectify="uniform", cl_prob="rcl", where=where)
+    np.testing.assert_allclose(np.asarray(shares)[where].mean(), want, rtol=RTOL)
+
+
+def np_sigmoid_matrix(matrix):
+    return np.array([[_sigmoid(x) for x in row] for row in matrix])
+
+
+# ---------------------------------------------------------------------------------------------
+# The total objective.
+
+CONFIGS = {
+    "default": {},
+    "loss_direction": {"sgw_indicator": "loss_direction"},
+    "no_weighting": {"gradient_weighting": False},
+    "and": {"clean_set": "and"},
+    "or": {"clean_set": "or", "sgw_indicator": "loss_direction"},
+    "uniform": {"rectify": "uniform"},
+    "matmul_PQ": {"rectify": "matmul_PQ"},
+    "matmul_QtP": {"rectify": "matmul_QtP", "cl_prob": "sigmoid"},
+    "mean_rcl": {"cl_reduction": "mean", "cl_prob": "rcl", "lambda1": 0.3, "lambda2": 0.7},
+    "margins": {"threshold": -3.0, "m_clean": -5.0, "m_noisy": -1.0, "margin": 0.25},
+    "warmup": {"warmup": True, "lambda2": 0.5},
+    "warmup_lambda2": {"warmup": True, "lambda2": 0.5, "warmup_lambda2": True},
+    "warmup_uniform_sigmoid": {"warmup": True, "rectify": "uniform", "cl_prob": "sigmoid"},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_srem_loss_matches_oracle(name):
+    cfg = CONFIGS[name]
+    shares, directions = srem_loss(LOGITS, where=WHERE, **cfg)
+    shares = np.asarray(shares)
+    want, want_shares, consts = np_srem(LOGITS, WHERE, **cfg)
+    np.testing.assert_allclose(shares[WHERE].mean(), want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(shares, want_shares, rtol=RTOL, atol=ATOL)
+    assert (shares[~WHERE] == 0).all()
+    if name != "default":  # the switch matters on this batch
+        assert abs(want - np_srem(LOGITS, WHERE)[0]) > 1e-4
+    for d in ("i2t", "t2i"):
+        got, c = directions[d], consts[d]
+        np.testing.assert_array_equal(got.clean, c["clean"])
+        np.testing.assert_array_equal(got.hard_negative, c["phi"])
+        np.testing.assert_array_equal(got.mask, c["mask"])
+        for field, key in (
+            ("energy", "energy"),
+            ("entropy", "entropy"),
+            ("argument", "argument"),
+            ("weight", "omega"),
+            ("q", "q"),
+            ("complementary", "complementary"),
+            ("pull", "pull"),
+        ):
+            np.testing.assert_allclose(
+                getattr(got, field), c[key], rtol=RTOL, atol=ATOL, err_msg=f"{d} {field}"
+            )
+        if cfg.get("warmup"):
+            assert not np.asarray(got.hinge).any() and not np.asarray(got.energy_loss).any()
+        else:
+            np.testing.assert_allclose(got.hinge, c["hinge"], rtol=RTOL, atol=ATOL)
+            np.testing.assert_allclose(got.energy_loss, c["energy_loss"], rtol=RTOL, atol=ATOL)
+
+
+def test_invalid_options_raise():
+    with pytest.raises(ValueError, match="rectify"):
+        srem_loss(LOGITS, rectify="matmul")
+    mask = _off_diagonal(WHERE)
+    with pytest.raises(ValueError, match="cl_reduction"):
+        complementary_loss(LOGITS, mask, mask, reduction="max")
+    with pytest.raises(ValueError, match="cl_prob"):
+        complementary_loss(LOGITS, mask, mask, prob="tanh")
+    with pytest.raises(ValueError, match="form"):
+        complementary_loss(LOGITS, mask, mask, form="matmul")
+
+
+def hand_written_loss(logits, consts, cfg):
+    """The objective in jax on the real sub-batch, every mask, phi, omega, Q and kappa a numpy
+    constant of the oracle: only the energies, S_ii, S_i,phi(i) and P carry gradient."""
+    cfg = {**DEFAULTS, **cfg}
+    local = {int(g): k for k, g in enumerate(REAL)}
+    n = len(REAL)
+    total = 0.0
+    for d, f in (("i2t", logits), ("t2i", logits.T)):
+        c = consts[d]
+        fr = f[np.ix_(REAL, REAL)]
+        p = jax.nn.softmax(fr, axis=1)
+        q = c["q"][np.ix_(REAL, REAL)]
+        kappa = c["kappa"][REAL]
+        lc = jnp.mean(-kappa * jnp.sum(q * jnp.log(1.0 - p), axis=1))
+        if cfg["warmup"]:
+            total = total + lc
+            continue
+        used = c["used"][REAL]
+        energies = -jax.nn.logsumexp(fr, axis=1)
+        pull = jnp.where(used, jax.nn.relu(energies - cfg["m_clean"]) ** 2, 0.0)
+        push = jnp.where(~used, jax.nn.relu(cfg["m_noisy"] - energies) ** 2, 0.0)
+        lu = pull.sum() / max(1, used.sum()) + push.sum() / max(1, (~used).sum())
+        scores = jax.nn.sigmoid(fr)
+        phi = np.array([local[int(c["phi"][g])] for g in REAL])
+        trained = used & (phi != np.arange(n))
+        omega = c["omega"][REAL]
+        hinge = jax.nn.relu(
+            cfg["margin"] - omega * jnp.diagonal(scores) + scores[np.arange(n), phi]
+        )
+        lw = jnp.where(trained, hinge, 0.0).sum() / max(1, trained.sum())
+        total = total + 0.5 * lw + cfg["lambda1"] * lu + cfg["lambda2"] * lc
+    return total
+
+
+@pytest.mark.parametrize("name", ["default", "or", "warmup"])
+def test_srem_loss_gradient_matches_hand_written(name):
+    cfg = {"or": {"clean_set": "or", "sgw_indicator": "loss_direction", "rectify": "uniform"}}.get(
+        name, CONFIGS[name]
+    )
+    _, _, consts = np_srem(LOGITS, WHERE, **cfg)
+    f = jnp.asarray(LOGITS)
+    grad = jax.grad(lambda x: srem_loss(x, where=WHERE, **cfg)[0].sum() / WHERE.sum())(f)
+    want = jax.grad(lambda x: hand_written_loss(x, consts, cfg))(f)
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
+    assert (np.asarray(grad)[~WHERE] == 0).all() and (np.asarray(grad)[:, ~WHERE] == 0).all()
+    assert np.abs(np.asarray(grad)).max() > 1e-3
+
+
+def test_srem_loss_gradients_are_finite_at_large_logits():
+    rng = np.random.default_rng(7)
+    f = rng.uniform(-50.0, 50.0, size=(8, 8)).astype(np.float32)
+    f[np.arange(8), np.arange(8)] += 20.0  # some clean rows as well
+    f[1, 6] = 50.0
+    for name in ("default", "matmul_PQ", "matmul_QtP", "mean_rcl", "warmup", "uniform"):
+
+        def mean_loss(x, cfg=CONFIGS[name]):
+            return srem_loss(x, where=WHERE, **cfg)[0].sum() / WHERE.sum()
+
+        value, grad = jax.value_and_grad(mean_loss)(jnp.asarray(f))
+        assert np.isfinite(float(value)), name
+        assert np.isfinite(np.asarray(grad)).all(), name
+        assert (np.asarray(grad)[~WHERE] == 0).all(), name
+    for prob in ("softmax", "sigmoid", "rcl"):
+        shares = srem_loss(f, warmup=True, cl_prob=prob, where=WHERE)[0]
+        assert np.isfinite(np.asarray(shares)).all(), prob
+
+
+def test_jit_equals_no_jit():
+    cfg = {"sgw_indicator": "loss_direction", "rectify": "matmul_PQ", "cl_prob": "rcl"}
+    eager, eager_dirs = srem_loss(LOGITS, where=WHERE, **cfg)
+    jitted, jitted_dirs = jax.jit(lambda x: srem_loss(x, where=WHERE, **cfg))(LOGITS)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-7)
+    for got, want in zip(jax.tree.leaves(jitted_dirs), jax.tree.leaves(eager_dirs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    f, _, q_in, mask = _complementary_case("t2i")
+    eager = complementary_loss(f, q_in, mask, where=WHERE)
+    jitted = jax.jit(complementary_loss)(f, q_in, mask, where=WHERE)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-7)
