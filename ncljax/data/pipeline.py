@@ -131,8 +131,8 @@ def batches(
       num_records: ``N``.
       batch_size: the global batch size ``B``; must be divisible by the process count.
       num_epochs: number of passes; batches never straddle two epochs.
-      seed: epoch ``e`` visits records in ``np.random.default_rng((seed, e)).permutation(N)``
-        order; ``None`` keeps the natural order (evaluation and statistics passes).
+      seed: epoch ``e`` visits records in ``shuffled(N, (seed, e))`` order; ``None`` keeps
+        the natural order (evaluation and statistics passes).
       num_threads: Grain reader threads.
       prefetch: batches to read ahead.
       process_index: this process (default ``jax.process_index()``).
@@ -165,7 +165,7 @@ def batches(
     def order(epoch: int) -> np.ndarray:
         if seed is None:
             return np.arange(num_records)
-        return np.random.default_rng((seed, epoch)).permutation(num_records)
+        return shuffled(num_records, (seed, epoch))
 
     def slot(i: int) -> Record:
         epoch, rest = divmod(int(i), per_epoch * local)
@@ -202,6 +202,18 @@ def batches(
     return ds.to_iter_dataset(options)
 
 
+# Shuffles draw from ``default_rng((SHUFFLE_STREAM, *key))``. Without the tag a key with a
+# trailing 0, such as ``(seed, epoch=0)``, seeds the same generator as ``default_rng(seed)``
+# (numpy's SeedSequence ignores trailing zero words), the noise's generator
+# (``ncljax.data.noise``): epoch 0 would visit the noisy pairs first.
+SHUFFLE_STREAM = 0x5F1E
+
+
+def shuffled(num: int, key: tuple[int, ...]) -> np.ndarray:
+    """The permutation of ``range(num)`` of shuffle ``key`` (an epoch, a pass, a cycle)."""
+    return np.random.default_rng((SHUFFLE_STREAM, *key)).permutation(num)
+
+
 class StreamOrder(NamedTuple):
     """The visiting order of one stream of a pass: which records, in which order.
 
@@ -228,7 +240,7 @@ class StreamOrder(NamedTuple):
         if self.key is None:
             return self.indices
         key = self.key if cycle == 0 else (*self.key, cycle)
-        return self.indices[np.random.default_rng(key).permutation(len(self.indices))]
+        return self.indices[shuffled(len(self.indices), key)]
 
     def locate(self, b: int, batch_size: int) -> tuple[int, int]:
         """``(cycle, batch within the cycle)`` of global batch ``b``."""

@@ -128,8 +128,8 @@ def _log1m_softmax(logits: jax.Array, candidates: jax.Array) -> jax.Array:
     r""":math:`\log(1 - \mathrm{softmax}(x)_j)` over each row's candidates, exact and stable.
 
     Off a row's maximum ``p <= 1/2`` and ``log1p(-p)`` is accurate; at the maximum the value is
-    :math:`\mathrm{lse}_{k \ne j} x_k - \mathrm{lse}_k x_k`. Every branch stays finite (also in
-    the gradient); 0 off the candidates.
+    :math:`\mathrm{lse}_{k \ne j} x_k - \mathrm{lse}_k x_k`, and ``-inf`` (a constant) for a
+    row's lone candidate. No NaN reaches the gradient; 0 off the candidates.
     """
     rows_ok = candidates.any(1, keepdims=True)
     masked = jnp.where(candidates, logits, -jnp.inf)
@@ -227,7 +227,8 @@ def complementary_loss(
     kappa = size if reduction == "sum" else jnp.ones_like(size)
     p, log1m_p = _probabilities(logits, candidates, prob, rcl_temperature)
     if form == "expectation":
-        per_query = -(q * log1m_p).sum(1)
+        # A lone candidate has P = 1 and log(1 - P) = -inf; it is never in the mask.
+        per_query = -jnp.where(mask, q * log1m_p, 0.0).sum(1)
     else:
         mixed = p @ q if form == "matmul_PQ" else q.T @ p
         log1m = jnp.log1p(-jnp.minimum(mixed, _MATMUL_CLAMP))

@@ -6,6 +6,7 @@ RCL's complementary contrastive loss (``penghu-cs/RCL``, ``CCL``, ``method='log'
 reimplemented from its description to check that CMBCL contains it.
 """
 
+import functools
 import math
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ncljax.labels as labels
 from ncljax.losses import (
     complementary_loss,
     energy_bounded_loss,
@@ -20,9 +22,11 @@ from ncljax.losses import (
     weighted_hinge_loss,
 )
 from tests.labels.test_srem import (
+    FAST_COMPILE,
     LOGITS,
     REAL,
     WHERE,
+    estimate,
     np_combine,
     np_comp_mask,
     np_direction,
@@ -31,8 +35,10 @@ from tests.labels.test_srem import (
     np_ms,
     np_pull,
     np_rectified,
+    np_sigmoid,
     np_swap,
     real_of,
+    sigmoid64,
 )
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -46,11 +52,6 @@ CLAMP = float(np.float32(1.0 - 1e-6))
 
 def _relu(x):
     return x if x > 0 else 0.0
-
-
-def _sigmoid(x):
-    x = float(x)
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 def _softplus(x):
@@ -98,11 +99,12 @@ def np_probabilities(logits, where, prob="softmax", temperature=0.05):
     for i in real:
         if prob == "sigmoid":
             for j in real:
-                p[i, j] = _sigmoid(logits[i][j])
+                p[i, j] = sigmoid64(logits[i][j])
                 log1m[i, j] = -_softplus(logits[i][j])
             continue
         x = {
-            j: _sigmoid(logits[i][j]) / temperature if prob == "rcl" else logits[i][j] for j in real
+            j: sigmoid64(logits[i][j]) / temperature if prob == "rcl" else logits[i][j]
+            for j in real
         }
         total = np_lse(x.values())
         for j in real:
@@ -304,18 +306,20 @@ def test_weighted_hinge_gradient_is_eq7():
         shares = weighted_hinge_loss(s, phi, omega, clean, margin=0.5, where=WHERE)
         return shares.sum() * num_clean / num
 
-    grad = np.asarray(jax.grad(summed)(jnp.asarray(scores)))
+    def weight_only(w):
+        return weighted_hinge_loss(scores, phi, w, clean, margin=0.5, where=WHERE).sum()
+
+    grads = jax.jit(
+        lambda s, w: (jax.grad(summed)(s), jax.grad(weight_only)(w)), compiler_options=FAST_COMPILE
+    )
+    grad, grad_omega = (np.asarray(g) for g in grads(scores, omega))
     want = np.zeros((8, 8))
     for i in REAL:
         want[i, i] = -omega[i]  # -dL/dS_ii = omega_i
         want[i, phi[i]] = 1.0  # -dL/dS_i,phi(i) = -1
     np.testing.assert_allclose(grad, want, rtol=1e-6, atol=0)
     assert (grad[want == 0] == 0).all()
-    # The weight is a constant of the loss.
-    grad_omega = jax.grad(
-        lambda w: weighted_hinge_loss(scores, phi, w, clean, margin=0.5, where=WHERE).sum()
-    )(jnp.asarray(omega))
-    assert (np.asarray(grad_omega) == 0).all()
+    assert (grad_omega == 0).all()  # the weight is a constant of the loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,10 +360,60 @@ def test_complementary_loss_matches_oracle(view):
     want = np_complementary(f, q, mask, WHERE, "sum", "rcl", 0.2)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     # Q is a constant of the loss.
-    grad_q = jax.grad(lambda x: complementary_loss(f, x, mask, where=WHERE).sum())(
-        jnp.asarray(q_in)
-    )
+    grad_q = jax.jit(
+        jax.grad(lambda x: complementary_loss(f, x, mask, where=WHERE).sum()),
+        compiler_options=FAST_COMPILE,
+    )(q_in)
     assert (np.asarray(grad_q) == 0).all()
+
+
+def test_matmul_readings_clamp_at_one():
+    # Every query puts most of Q on caption 1, so column 1 of Q sums to ~4 and
+    # S' = Q^T P exceeds 1 on row 1: log(1 - S') is read at the clamp 1 - 1e-6.
+    rng = np.random.default_rng(8)
+    f = (2.0 + rng.uniform(-0.5, 0.5, size=(8, 8))).astype(np.float32)
+    mask = _off_diagonal(WHERE)
+    q = np.where(mask, 0.05, 0.0)
+    for k in REAL:
+        if k != 1:
+            q[k, 1] = 1.0 - 0.05 * (mask[k].sum() - 1)
+    q[1] = np.where(mask[1], 1.0 / mask[1].sum(), 0.0)
+    p, _ = np_probabilities(f, WHERE, "sigmoid")
+    assert sum(q[k, 1] * p[k, 2] for k in REAL) > 1.0
+    for form in ("matmul_PQ", "matmul_QtP"):
+        for prob in ("sigmoid", "softmax"):
+            got = complementary_loss(f, q, mask, prob=prob, form=form, where=WHERE)
+            want = np_complementary(f, q, mask, WHERE, "sum", prob, 0.05, form)
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{form} {prob}")
+
+
+@functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+def _log1m_and_gradient(logits):
+    """Per prob: ``-L`` of every one-hot ``Q`` (``'mean'``: ``log(1 - P_ij)`` at its column),
+    ``[shift, row]``, and the gradient of the uniform-``Q`` loss."""
+    rows = np.arange(8)
+    mask = _off_diagonal(WHERE)
+    uniform = np.where(mask, 1.0 / np.maximum(mask.sum(1, keepdims=True), 1), 0.0)
+    out = {}
+    for prob in ("softmax", "sigmoid", "rcl"):
+
+        def one_hot(shift, prob=prob):
+            onehot = (rows[None, :] == (rows[:, None] + shift) % 8).astype(np.float32)
+            return -complementary_loss(
+                logits, onehot, onehot > 0, reduction="mean", prob=prob, where=WHERE
+            )
+
+        def summed(x, prob=prob):
+            return complementary_loss(x, uniform, mask, prob=prob, where=WHERE).sum()
+
+        out[prob] = jax.vmap(one_hot)(jnp.arange(8)), jax.grad(summed)(logits)
+    for form in ("matmul_PQ", "matmul_QtP"):
+
+        def summed_form(x, form=form):
+            return complementary_loss(x, uniform, mask, form=form, where=WHERE).sum()
+
+        out[form] = jax.grad(summed_form)(logits)
+    return out
 
 
 def test_complementary_loss_when_a_negative_dominates():
@@ -369,31 +423,36 @@ def test_complementary_loss_when_a_negative_dominates():
     f[1, 4] = f[2, 0] = f[2, 5] = f[5, 5] = 40.0
     f[:, 3] = 40.0
     rows = np.arange(8)
-    complementary = jax.jit(complementary_loss, static_argnames=("reduction", "prob", "form"))
-    mask = _off_diagonal(WHERE)
-    uniform = np.where(mask, 1.0 / np.maximum(mask.sum(1, keepdims=True), 1), 0.0)
-    uniform = uniform.astype(np.float32)
+    computed = _log1m_and_gradient(f)
     for prob in ("softmax", "sigmoid", "rcl"):
         _, want = np_probabilities(f, WHERE, prob)
         if prob == "softmax":
             assert want[1, 4] < -37.0  # log(5) - log(e^40 + 5): 1 - P is 0 in float32
             assert abs(want[2, 0] + math.log(2.0)) < 1e-9  # two tied maxima: 1 - P ~ 1/2
+        by_shift, grad = computed[prob]
         got = np.zeros((8, 8))
-        for shift in range(8):  # one-hot Q on column (i + shift) % 8 of every row i
-            columns = (rows + shift) % 8
-            onehot = np.zeros((8, 8), np.float32)
-            onehot[rows, columns] = 1.0
-            loss = complementary(f, onehot, onehot > 0, reduction="mean", prob=prob, where=WHERE)
-            got[rows, columns] = -np.asarray(loss)
+        for shift in range(8):
+            got[rows, (rows + shift) % 8] = np.asarray(by_shift[shift])
         real = np.ix_(REAL, REAL)
         np.testing.assert_allclose(got[real], want[real], rtol=RTOL, atol=ATOL, err_msg=prob)
         assert got[~WHERE].sum() == 0 and got[:, ~WHERE].sum() == 0
-
-        def summed(x, prob=prob):
-            return complementary(x, uniform, mask, prob=prob, where=WHERE).sum()
-
-        grad = np.asarray(jax.grad(summed)(jnp.asarray(f)))
+        grad = np.asarray(grad)
         assert np.isfinite(grad).all() and (grad[~WHERE] == 0).all(), prob
+    for form in ("matmul_PQ", "matmul_QtP"):
+        grad = np.asarray(computed[form])
+        assert np.isfinite(grad).all() and (grad[~WHERE] == 0).all(), form
+
+
+def test_query_without_complementary_candidates_contributes_zero():
+    where = np.zeros(8, bool)
+    where[5] = True  # one real pair: no negative, A_5 is empty, L_c is 0
+    empty = np.zeros((8, 8), bool)
+    for prob in ("softmax", "sigmoid", "rcl"):
+        got = np.asarray(complementary_loss(LOGITS, empty, empty, prob=prob, where=where))
+        np.testing.assert_array_equal(got, 0.0, err_msg=prob)
+    for cfg in (CONFIGS["default"], CONFIGS["warmup"]):
+        shares = np.asarray(srem_loss(LOGITS, where=where, **cfg)[0])
+        np.testing.assert_allclose(shares, np_srem(LOGITS, where, **cfg)[1], rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -402,7 +461,7 @@ def test_rcl_is_a_special_case(padded):
     rng = np.random.default_rng(6)
     f = rng.uniform(-4.0, 4.0, size=(8, 8)).astype(np.float32)
     real = np.flatnonzero(where)
-    want = np_rcl(np_sigmoid_matrix(f[np.ix_(real, real)]))
+    want = np_rcl(np_sigmoid(f[np.ix_(real, real)]))
     mask = _off_diagonal(where)  # no clean row: every real negative
     uniform = np.where(mask, 1.0 / max(1, len(real) - 1), 0.0).astype(np.float32)
     kwargs = {"reduction": "sum", "prob": "rcl", "rcl_temperature": 0.05, "where": where}
@@ -414,27 +473,30 @@ def test_rcl_is_a_special_case(padded):
     np.testing.assert_allclose(np.asarray(shares)[where].mean(), want, rtol=RTOL)
 
 
-def np_sigmoid_matrix(matrix):
-    return np.array([[_sigmoid(x) for x in row] for row in matrix])
-
-
 # ---------------------------------------------------------------------------------------------
 # The total objective.
 
+# Each non-default switch is checked against the oracle; a config turns several at once, and
+# test_srem_loss_matches_oracle checks that each of them changes the objective on this batch.
 CONFIGS = {
     "default": {},
-    "loss_direction": {"sgw_indicator": "loss_direction"},
-    "no_weighting": {"gradient_weighting": False},
-    "and": {"clean_set": "and"},
-    "or": {"clean_set": "or", "sgw_indicator": "loss_direction"},
-    "uniform": {"rectify": "uniform"},
-    "matmul_PQ": {"rectify": "matmul_PQ"},
-    "matmul_QtP": {"rectify": "matmul_QtP", "cl_prob": "sigmoid"},
-    "mean_rcl": {"cl_reduction": "mean", "cl_prob": "rcl", "lambda1": 0.3, "lambda2": 0.7},
+    "literal_and_pq": {"clean_set": "and", "rectify": "matmul_PQ", "cl_reduction": "mean"},
+    "loss_direction_or_uniform": {
+        "sgw_indicator": "loss_direction",
+        "clean_set": "or",
+        "rectify": "uniform",
+        "cl_prob": "rcl",
+    },
+    "unweighted_qtp_sigmoid": {
+        "gradient_weighting": False,
+        "rectify": "matmul_QtP",
+        "cl_prob": "sigmoid",
+        "lambda1": 0.3,
+        "lambda2": 0.7,
+    },
     "margins": {"threshold": -3.0, "m_clean": -5.0, "m_noisy": -1.0, "margin": 0.25},
     "warmup": {"warmup": True, "lambda2": 0.5},
     "warmup_lambda2": {"warmup": True, "lambda2": 0.5, "warmup_lambda2": True},
-    "warmup_uniform_sigmoid": {"warmup": True, "rectify": "uniform", "cl_prob": "sigmoid"},
 }
 
 
@@ -447,8 +509,11 @@ def test_srem_loss_matches_oracle(name):
     np.testing.assert_allclose(shares[WHERE].mean(), want, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(shares, want_shares, rtol=RTOL, atol=ATOL)
     assert (shares[~WHERE] == 0).all()
-    if name != "default":  # the switch matters on this batch
-        assert abs(want - np_srem(LOGITS, WHERE)[0]) > 1e-4
+    for key in cfg:  # every switch of the config matters on this batch
+        others = {k: v for k, v in cfg.items() if k != key}
+        if key == "lambda2" and cfg.get("warmup") and not cfg.get("warmup_lambda2"):
+            continue  # lambda2 does not weigh the warm-up loss
+        assert abs(want - np_srem(LOGITS, WHERE, **others)[0]) > 1e-4, key
     for d in ("i2t", "t2i"):
         got, c = directions[d], consts[d]
         np.testing.assert_array_equal(got.clean, c["clean"])
@@ -473,6 +538,18 @@ def test_srem_loss_matches_oracle(name):
             np.testing.assert_allclose(got.energy_loss, c["energy_loss"], rtol=RTOL, atol=ATOL)
 
 
+def test_srem_loss_with_two_real_pairs():
+    # One negative per query: a clean query's A is empty once its hard negative is removed.
+    where = np.zeros(8, bool)
+    where[[0, 5]] = True
+    for cfg in CONFIGS.values():
+        shares, directions = srem_loss(LOGITS, where=where, **cfg)
+        want, want_shares, _ = np_srem(LOGITS, where, **cfg)
+        np.testing.assert_allclose(np.asarray(shares), want_shares, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(np.asarray(shares)[where].mean(), want, rtol=RTOL, atol=ATOL)
+    assert np.asarray(directions["i2t"].clean)[[0, 5]].all()
+
+
 def test_invalid_options_raise():
     with pytest.raises(ValueError, match="rectify"):
         srem_loss(LOGITS, rectify="matmul")
@@ -487,7 +564,8 @@ def test_invalid_options_raise():
 
 def hand_written_loss(logits, consts, cfg):
     """The objective in jax on the real sub-batch, every mask, phi, omega, Q and kappa a numpy
-    constant of the oracle: only the energies, S_ii, S_i,phi(i) and P carry gradient."""
+    constant of the oracle: only the energies, S_ii, S_i,phi(i) and P carry gradient
+    (softmax probabilities and the expectation form)."""
     cfg = {**DEFAULTS, **cfg}
     local = {int(g): k for k, g in enumerate(REAL)}
     n = len(REAL)
@@ -519,47 +597,106 @@ def hand_written_loss(logits, consts, cfg):
     return total
 
 
-@pytest.mark.parametrize("name", ["default", "or", "warmup"])
-def test_srem_loss_gradient_matches_hand_written(name):
-    cfg = {"or": {"clean_set": "or", "sgw_indicator": "loss_direction", "rectify": "uniform"}}.get(
-        name, CONFIGS[name]
-    )
-    _, _, consts = np_srem(LOGITS, WHERE, **cfg)
-    f = jnp.asarray(LOGITS)
-    grad = jax.grad(lambda x: srem_loss(x, where=WHERE, **cfg)[0].sum() / WHERE.sum())(f)
-    want = jax.grad(lambda x: hand_written_loss(x, consts, cfg))(f)
-    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
-    assert (np.asarray(grad)[~WHERE] == 0).all() and (np.asarray(grad)[:, ~WHERE] == 0).all()
-    assert np.abs(np.asarray(grad)).max() > 1e-3
+# Gradients of the mean over the real pairs, at the test batch and at logits of magnitude ~50.
+GRADIENT_CONFIGS = {
+    "default": {},
+    "loss_direction_or_uniform": {
+        "sgw_indicator": "loss_direction",
+        "clean_set": "or",
+        "rectify": "uniform",
+        "cl_reduction": "mean",
+    },
+    "warmup": {"warmup": True},
+}
 
 
-def test_srem_loss_gradients_are_finite_at_large_logits():
+def large_logits():
     rng = np.random.default_rng(7)
     f = rng.uniform(-50.0, 50.0, size=(8, 8)).astype(np.float32)
     f[np.arange(8), np.arange(8)] += 20.0  # some clean rows as well
     f[1, 6] = 50.0
-    for name in ("default", "matmul_PQ", "matmul_QtP", "mean_rcl", "warmup", "uniform"):
+    return f
 
-        def mean_loss(x, cfg=CONFIGS[name]):
-            return srem_loss(x, where=WHERE, **cfg)[0].sum() / WHERE.sum()
 
-        value, grad = jax.value_and_grad(mean_loss)(jnp.asarray(f))
-        assert np.isfinite(float(value)), name
-        assert np.isfinite(np.asarray(grad)).all(), name
-        assert (np.asarray(grad)[~WHERE] == 0).all(), name
-    for prob in ("softmax", "sigmoid", "rcl"):
-        shares = srem_loss(f, warmup=True, cl_prob=prob, where=WHERE)[0]
-        assert np.isfinite(np.asarray(shares)).all(), prob
+@functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+def _srem_gradients(logits):
+    def mean_loss(x, cfg):
+        shares, directions = srem_loss(x, where=WHERE, **cfg)
+        return shares.sum() / WHERE.sum(), (shares, directions)
+
+    return {
+        name: jax.value_and_grad(functools.partial(mean_loss, cfg=cfg), has_aux=True)(logits)
+        for name, cfg in GRADIENT_CONFIGS.items()
+    }
+
+
+@functools.cache
+def srem_gradients(large):
+    """``{config: ((value, (shares, directions)), gradient)}`` at ``LOGITS`` or at
+    ``large_logits()``, every config in one compiled program."""
+    return jax.device_get(_srem_gradients(jnp.asarray(large_logits() if large else LOGITS)))
+
+
+def test_srem_loss_gradient_matches_hand_written():
+    names = ["default", "loss_direction_or_uniform", "warmup"]
+    consts = {name: np_srem(LOGITS, WHERE, **GRADIENT_CONFIGS[name])[2] for name in names}
+
+    def hand(logits):
+        return [
+            jax.grad(lambda x, n=n: hand_written_loss(x, consts[n], GRADIENT_CONFIGS[n]))(logits)
+            for n in names
+        ]
+
+    wants = jax.jit(hand, compiler_options=FAST_COMPILE)(jnp.asarray(LOGITS))
+    for name, want in zip(names, wants, strict=True):
+        grad = srem_gradients(large=False)[name][1]
+        np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6, err_msg=name)
+        assert (grad[~WHERE] == 0).all() and (grad[:, ~WHERE] == 0).all()
+        assert np.abs(grad).max() > 1e-3
+
+
+def test_srem_loss_gradients_are_finite_at_large_logits():
+    for name, ((value, (shares, _)), grad) in srem_gradients(large=True).items():
+        assert np.isfinite(value) and np.isfinite(shares).all(), name
+        assert np.isfinite(grad).all(), name
+        assert (grad[~WHERE] == 0).all() and (grad[:, ~WHERE] == 0).all(), name
+        assert np.abs(grad).max() > 0, name
+    f = large_logits()
+    for cfg in CONFIGS.values():
+        for prob in ("softmax", "sigmoid", "rcl"):
+            cfg = {**cfg, "cl_prob": prob}
+            shares = np.asarray(srem_loss(f, where=WHERE, **cfg)[0])
+            want = np_srem(f, WHERE, **cfg)[1]
+            np.testing.assert_allclose(shares, want, rtol=RTOL, atol=1e-5, err_msg=str(cfg))
 
 
 def test_jit_equals_no_jit():
-    cfg = {"sgw_indicator": "loss_direction", "rectify": "matmul_PQ", "cl_prob": "rcl"}
-    eager, eager_dirs = srem_loss(LOGITS, where=WHERE, **cfg)
-    jitted, jitted_dirs = jax.jit(lambda x: srem_loss(x, where=WHERE, **cfg))(LOGITS)
-    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-7)
-    for got, want in zip(jax.tree.leaves(jitted_dirs), jax.tree.leaves(eager_dirs), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-    f, _, q_in, mask = _complementary_case("t2i")
-    eager = complementary_loss(f, q_in, mask, where=WHERE)
-    jitted = jax.jit(complementary_loss)(f, q_in, mask, where=WHERE)
-    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-7)
+    # srem_loss: eagerly against the program that computes its gradients.
+    for name, ((value, jitted), _) in srem_gradients(large=False).items():
+        eager = srem_loss(LOGITS, where=WHERE, **GRADIENT_CONFIGS[name])
+        np.testing.assert_allclose(value, np.asarray(eager[0]).sum() / WHERE.sum(), rtol=1e-6)
+        for got, want in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)
+    # complementary_loss, its delicate log(1 - P), with the default compiler options.
+    f, _, q_in, mask = _complementary_case("i2t")
+    rcl = functools.partial(complementary_loss, prob="rcl", where=WHERE)
+    np.testing.assert_allclose(jax.jit(rcl)(f, q_in, mask), rcl(f, q_in, mask), rtol=1e-6)
+    # The estimators, eagerly (their operations already compiled by srem_loss) against the
+    # compiled program of tests/labels/test_srem.py.
+    jitted = estimate(LOGITS)
+    d = np_direction(LOGITS, WHERE)
+    scores = np.asarray(jax.nn.sigmoid(LOGITS))
+    mask = np_comp_mask(d["clean"], d["phi"], WHERE)
+    selection = np_ms(d["scores"], 50.0, 0.5, WHERE)
+    eager = {
+        "energy": labels.energy(LOGITS, where=WHERE),
+        "clean": labels.clean_mask(LOGITS, -2.0, where=WHERE),
+        "entropy": labels.normalized_entropy(LOGITS, where=WHERE),
+        "phi": labels.hard_negative_index(LOGITS, where=WHERE),
+        "mask": labels.complementary_mask(d["clean"], d["phi"], where=WHERE),
+        "selection": labels.ms_selection_probs(scores, 50.0, 0.5, where=WHERE),
+        "q": labels.rectified_complementary_dist(selection, mask),
+        "pull": labels.positive_pull(scores, d["phi"], np.linspace(0.3, 1.0, 8), d["clean"], 0.2),
+    }
+    for key, value in eager.items():
+        np.testing.assert_allclose(jitted[key], value, rtol=1e-6, atol=1e-7, err_msg=key)

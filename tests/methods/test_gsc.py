@@ -12,7 +12,7 @@ import pytest
 
 from ncljax import labels as labels_lib
 from ncljax import losses, methods, models
-from ncljax.data import pipeline, synthetic
+from ncljax.data import pipeline
 from ncljax.methods import base
 from ncljax.methods import gsc as gsc_lib
 from ncljax.train import config as config_lib
@@ -146,17 +146,6 @@ def test_bad_options_say_what_to_set():
 
 
 # --- the jitted train step -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def data():
-    cfg = synthetic.default_config()
-    cfg.num_train, cfg.num_val, cfg.num_test = N, 4, 4
-    ds = synthetic.SyntheticDataset(cfg)
-    record = pipeline.pair_records(
-        ds.split("train"), image_fields=("regions",), text_fields=("tokens", "length")
-    )
-    return ds.info, list(pipeline.batches(record, N, batch_size=B, seed=0))  # 2nd padded
 
 
 def _model_cfg(head="cosine"):
