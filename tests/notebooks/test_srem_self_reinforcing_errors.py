@@ -5,13 +5,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
+from tests.notebooks import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "srem_self_reinforcing_errors.py")
@@ -39,37 +38,6 @@ def _config():
     # near 1.5, above the default tau = -2, and the split would be empty.
     config.method_kwargs.tau = 3.0
     return config
-
-
-def _execute(env: dict) -> str:
-    """Runs the notebook top to bottom; returns what it printed.
-
-    Through a Jupyter kernel when the ``[notebooks]`` extras are installed, else as the
-    plain script a jupytext percent file also is (CI installs ``[test]`` only).
-    """
-    try:
-        import jupytext
-        import nbclient
-    except ImportError:
-        out = subprocess.run(
-            [sys.executable, NOTEBOOK], cwd=ROOT, env=env, capture_output=True, text=True
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout
-    notebook = jupytext.read(NOTEBOOK)
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3").execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return "".join(
-        output.get("text", "")
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.get("outputs", [])
-    )
 
 
 def _tables(printed: str) -> dict[str, dict[int, list]]:
@@ -138,7 +106,7 @@ def test_notebook_executes_on_a_quick_run(tmp_path):
         NCLJAX_WORKDIRS=f"{workdir},{tmp_path / 'copy'}",
         NCLJAX_FIGURES=str(figures),
     )
-    printed = _execute(env)
+    printed = runner.execute(NOTEBOOK, env)
     for name in FIGURES:
         assert (figures / name).stat().st_size > 10_000, name
 
