@@ -443,6 +443,7 @@ def test_sgraf_model_end_to_end_matches_oracle(kind):
     np.testing.assert_array_equal(text["mask"], np.arange(MAX_LEN)[None, :] < LENGTHS[:, None])
     logits = expected["logits"]
     np.testing.assert_allclose(sim, 1.0 / (1.0 + np.exp(-logits)), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out["logit"], logits, rtol=RTOL, atol=ATOL)  # e.g. SREM's F
     model.sigmoid = False
     np.testing.assert_allclose(call(model, "similarity", image, text), logits, rtol=RTOL, atol=ATOL)
 
