@@ -14,9 +14,10 @@ losses, buffer writes; labels drawn uniformly so the masks are not trivial), of 
 ``vse`` baseline (hardest-negative triplet on the cross-modal pass) or of ``srem``'s main
 phase (one network; energies, clean splits, swapped weights, complementary
 distributions and the three losses on the cross-modal pass's logits, with its memory
-writes and diagnostics); median pairs/s over
-``--repeats`` steps after a compiling warm-up, and the process's peak RSS (run one
-configuration per process: the peak includes compilation).
+writes and logged metrics; no true mask is given, so the precision/recall diagnostics
+are not computed); median pairs/s over ``--repeats`` steps after a compiling warm-up,
+and the process's peak RSS (run one configuration per process: the peak includes
+compilation).
 
 ``estimate``: GSC's per-epoch estimation over ``--samples`` pairs (min-max, two-component
 GMM by EM, temporal ensembling, minimum; ``ncljax.labels.gsc_update_labels``, jitted), on
