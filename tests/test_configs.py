@@ -4,7 +4,6 @@ synthetic data, or tiny files in the released layouts, with the models shrunk)."
 
 import glob
 import importlib.util
-import inspect
 import math
 import os
 
@@ -46,12 +45,11 @@ def test_config_resolves_for_each_listed_dataset(name, dataset):
         config = load(name, arg)
         config_lib.check_fields(config)  # honest: every non-default field is read
         assert config.data.name == dataset
-        factory = methods.REGISTRY[config.method]
         defaults = {
-            k for k, p in inspect.signature(factory).parameters.items() if p.default is not p.empty
+            k for k, p in methods.hyperparameters(config.method).items() if p.default is not p.empty
         }
         assert set(config.method_kwargs) == defaults  # the factory's signature, no more
-        methods.build_method(config.method, config.method_kwargs)
+        methods.build_method(config.method, config.method_kwargs, config.model)
     full, quick = load(name, dataset), load(name, f"{dataset},quick")
     assert quick.train.epochs < full.train.epochs
 

@@ -56,9 +56,18 @@ from ncljax.labels.srem import (
     sgw_weight,
     swap_weights,
 )
+from ncljax.labels.ugncl import (
+    DivisionSignals,
+    division_signals,
+    edl_targets,
+    num_hard_negatives,
+    trusted_margins,
+    ugd_partition,
+)
 
 __all__ = [
     "ConfidentSet",
+    "DivisionSignals",
     "GSCLabels",
     "GaussianMixture1D",
     "LossDivision",
@@ -70,6 +79,8 @@ __all__ = [
     "confident_set",
     "consistent_cost",
     "correspondence_prediction",
+    "division_signals",
+    "edl_targets",
     "ema_update",
     "energy",
     "fit_gmm_1d",
@@ -91,6 +102,7 @@ __all__ = [
     "modal_consistency",
     "ms_selection_probs",
     "normalized_entropy",
+    "num_hard_negatives",
     "partial_ot_labels",
     "positive_pull",
     "random_confident_set",
@@ -101,5 +113,7 @@ __all__ = [
     "sgw_weight",
     "split_clean",
     "swap_weights",
+    "trusted_margins",
+    "ugd_partition",
     "update_targets",
 ]

@@ -6,6 +6,14 @@ from ncljax.losses.classification import (
     soft_cross_entropy,
 )
 from ncljax.losses.contrastive import info_nce, symmetric_info_nce
+from ncljax.losses.evidential import (
+    UGNCLTerms,
+    edl_loss,
+    top_k_mean,
+    trl_warmup_loss,
+    trusted_robust_loss,
+    ugncl_loss,
+)
 from ncljax.losses.ranking import (
     hinge_costs,
     soft_margin,
@@ -29,7 +37,9 @@ from ncljax.losses.structure import (
 
 __all__ = [
     "SREMDirection",
+    "UGNCLTerms",
     "complementary_loss",
+    "edl_loss",
     "energy_bounded_loss",
     "gsc_cross_modal_loss",
     "gsc_intra_modal_loss",
@@ -43,8 +53,12 @@ __all__ = [
     "soft_margin",
     "srem_loss",
     "symmetric_info_nce",
+    "top_k_mean",
     "triplet_hardest",
     "triplet_mean",
     "triplet_sum",
+    "trl_warmup_loss",
+    "trusted_robust_loss",
+    "ugncl_loss",
     "weighted_hinge_loss",
 ]

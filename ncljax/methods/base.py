@@ -19,6 +19,10 @@ epoch as its ``EpochPlan`` says.
      e.g. one per retrieval direction): the method's per-pair beliefs that a pair is
      clean, each scored against the true mask (precision and recall of ``> 0.5``) in
      the logs only;
+   * ``noisy_estimates``: a dict of per-pair beliefs that a pair is *noisy* (e.g. a
+     method's noisy set), scored as ``step_noisy_precision_<name>`` (the share of truly
+     noisy pairs among those ``> 0.5``) and ``step_noisy_recall_<name>`` (the share of the
+     truly noisy pairs found), logs only;
    * ``loss_weight`` (``[B]``, >= 0): how much each pair counts in the loss (a soft
      label, a margin, a mask); the logs report the share of it on truly noisy pairs.
 
@@ -69,6 +73,10 @@ Per-sample memory lives in ``TrainState`` as ``Memory(samples, state)``: ``sampl
 leaves have a leading ``[N]`` axis and are gathered/scattered by ``index``; ``state``
 holds anything else (a confident set, EMA vectors of a fixed size). The trainer stacks
 one memory per network on a leading axis. No method may read the true noise mask.
+
+Evaluation: a network's similarities (one matrix per image view: UGNCL's models have
+several, every other model one) pass through ``eval_transform``; those of all views and
+networks of a run, and then of an ensemble's runs, are combined by ``eval_pool``.
 
 Phases: ``EpochPlan.phase`` is a small int; ``WARMUP`` and ``MAIN`` are shared by every
 method with a warm-up, a method numbers further phases after ``MAIN``, and ``STATS`` is
@@ -235,8 +243,12 @@ class Method(NamedTuple):
         cleaner, e.g. GSC's cross-modal, intra-modal and final labels), each scored against
         the true mask and histogrammed for clean and noisy pairs after every epoch (logs
         and ``workdir/diagnostics/`` only); ``None`` when the method has none.
-      eval_transform: applied to each network's similarities before they are averaged at
-        evaluation (e.g. a sigmoid for logit heads).
+      eval_transform: applied to the similarities of each view of each network before
+        they are pooled at evaluation (e.g. a sigmoid for logit heads).
+      eval_pool: how the transformed similarities of a run's views and networks, and of
+        an ensemble's runs, are combined at evaluation (``ncljax.train.evaluator.POOLS``):
+        ``'mean'`` (arithmetic mean; every method but UGNCL) or ``'logmeanexp'``
+        (``log(mean(exp(x)))``: UGNCL's mean of evidences from log-evidences).
       num_networks: 1, or 2 for dual-network methods.
       streams_fn: ``(memory, epoch, network) -> Streams``, or ``None`` (all pairs).
       prepare_fn: ``(model, peer, batches, ctx) -> pytree``, or ``None``.
@@ -254,6 +266,7 @@ class Method(NamedTuple):
     label_estimate_fn: Callable[[Memory], tuple[Array, Array]] | None = None
     diagnostic_scores_fn: Callable[[Memory], dict[str, Array]] | None = None
     eval_transform: Callable[[Array], Array] = _identity
+    eval_pool: str = "mean"
     num_networks: int = 1
     streams_fn: Callable[[Memory, int, int | None], Streams] | None = None
     prepare_fn: Callable[..., PyTree] | None = None

@@ -399,6 +399,16 @@ class SGRAFModel(nnx.Module):
     ``sim`` is the head's logit, or its sigmoid with ``sigmoid=True`` (SGRAF's output,
     used by NCR-style triplet losses and by GSC); a forward pass also returns the raw
     ``logit`` ``[B, B]`` (methods that read logits, e.g. SREM's energies).
+
+    Image views (UGNCL): with ``views = W > 1`` the image side has ``W`` independently
+    initialised region projections ``l2(W_w x_r + c_w)`` (view 0 is ``image_fc``, views
+    ``1..W-1`` are ``image_views``); the visual self-attention and the similarity head are
+    shared and applied once per view, in view order (so in training their BatchNorm
+    statistics update once per view), against one encoding of the captions.
+    ``encode_image`` then returns ``regions`` ``[B, W, R, D]`` and ``glob`` ``[B, W, D]``
+    (the view axis after the item axis); ``similarity``, ``logit`` and ``sim`` are
+    ``[W, n_img, n_txt]``, view ``w``'s first. The GSC intra-modal passes
+    (``image_similarity``, ``text_similarity``) are not available with views.
     """
 
     image_keys = ("regions", "glob")
@@ -420,8 +430,11 @@ class SGRAFModel(nnx.Module):
         sigmoid: bool = True,
         chunk: int = 0,
         remat: bool = False,
+        views: int = 1,
         rngs: nnx.Rngs,
     ):
+        if views < 1:
+            raise ValueError(f"views must be at least 1, got {views}.")
         self.image_fc = _linear(region_dim, embed_dim, rngs)
         self.text_encoder = encoders.GRUTextEncoder(
             vocab_size, word_dim, embed_dim, dropout=dropout, rngs=rngs
@@ -440,16 +453,26 @@ class SGRAFModel(nnx.Module):
         )
         self.sigmoid = sigmoid
         self.classifier = None
+        self.num_views = views
+        # Built last, so the other parameters are initialised as without views.
+        self.image_views = nnx.List(
+            [_linear(region_dim, embed_dim, rngs) for _ in range(views - 1)]
+        )
 
     def encode_image(self, batch: dict, *, train: bool = False, rngs=None) -> dict:
-        """``regions``, ``glob``; in training with a batch ``mask``, also ``valid`` (the
-        real images, which alone enter the BatchNorm statistics of this and later passes)."""
-        regions = _l2(self.image_fc(batch["regions"]))
+        """``regions``, ``glob`` (with views: ``[B, W, ...]``); in training with a batch
+        ``mask``, also ``valid`` ``[B]`` (the real images, which alone enter the BatchNorm
+        statistics of this and later passes)."""
         valid = batch.get("mask") if train else None
-        out = {
-            "regions": regions,
-            "glob": self.visual_sa(regions, train=train, rngs=rngs, mask=valid),
-        }
+        views = []
+        for fc in (self.image_fc, *self.image_views):
+            regions = _l2(fc(batch["regions"]))
+            glob = self.visual_sa(regions, train=train, rngs=rngs, mask=valid)
+            views.append((regions, glob))
+        regions, glob = views[0]
+        if self.num_views > 1:
+            regions, glob = (jnp.stack(xs, axis=1) for xs in zip(*views, strict=True))
+        out = {"regions": regions, "glob": glob}
         if valid is not None:
             out["valid"] = valid
         return out
@@ -467,9 +490,31 @@ class SGRAFModel(nnx.Module):
     def _output(self, logits):
         return jax.nn.sigmoid(logits) if self.sigmoid else logits
 
+    def _cross(self, image: dict, text: dict, *, train: bool) -> jax.Array:
+        """The head's logits ``[n_img, n_txt]``, or ``[W, n_img, n_txt]``: one call per view."""
+        if self.num_views == 1:
+            return self.head.cross(image, text, train=train)
+        logits = [
+            self.head.cross(
+                dict(image, regions=image["regions"][:, w], glob=image["glob"][:, w]),
+                text,
+                train=train,
+            )
+            for w in range(self.num_views)
+        ]
+        return jnp.stack(logits)
+
+    def _no_views(self, name: str) -> None:
+        if self.num_views > 1:
+            raise ValueError(
+                f"{name} (GSC's intra-modal structure) is not available with image views "
+                f"(views={self.num_views})."
+            )
+
     def similarity(self, image: dict, text: dict, *, train: bool = False) -> jax.Array:
-        """``[n_img, n_txt]`` similarity (sigmoid of the head's logit, or the logit)."""
-        return self._output(self.head.cross(image, text, train=train))
+        """``[n_img, n_txt]`` similarity (sigmoid of the head's logit, or the logit); with
+        views ``[W, n_img, n_txt]``."""
+        return self._output(self._cross(image, text, train=train))
 
     def image_similarity(self, image: dict, *, train: bool = False) -> jax.Array:
         """GSC's image-image structure ``[B, B]`` (same head, same output map).
@@ -477,7 +522,11 @@ class SGRAFModel(nnx.Module):
         Uses the global vectors of ``image``. The official GSC code recomputes them for
         this pass (fresh dropout masks, one more BatchNorm update): pass a fresh
         ``encode_image(batch, train=True, ...)`` to reproduce that.
+
+        Raises:
+          ValueError: with image views.
         """
+        self._no_views("image_similarity")
         return self._output(self.head.image_image(image, train=train))
 
     def text_similarity(
@@ -490,7 +539,11 @@ class SGRAFModel(nnx.Module):
         code's word-position-aligned, symmetric form (``SimilarityHead.text_text_aligned``).
         Uses the global vectors of ``text``; pass a fresh ``encode_text(...)`` to draw new
         dropout masks, as the official GSC code does for this pass.
+
+        Raises:
+          ValueError: for an unknown ``form``, or with image views.
         """
+        self._no_views("text_similarity")
         if form == "attention":
             return self._output(self.head.text_text(text, train=train))
         if form == "aligned":
@@ -500,5 +553,5 @@ class SGRAFModel(nnx.Module):
     def __call__(self, batch: dict, *, train: bool = False, rngs=None) -> dict:
         image = self.encode_image(batch, train=train, rngs=rngs)
         text = self.encode_text(batch, train=train, rngs=rngs)
-        logit = self.head.cross(image, text, train=train)
+        logit = self._cross(image, text, train=train)
         return {"image": image, "text": text, "logit": logit, "sim": self._output(logit)}

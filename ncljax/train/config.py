@@ -74,6 +74,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.sim_output = "sigmoid"  # SGRAF: 'sigmoid' of the head's logit, or 'raw'
     c.model.pair_chunk = 16  # SGRAF: captions per chunk of the pairwise computation
     c.model.remat = True  # SGRAF: recompute each chunk in the backward pass (memory)
+    # Image views (UGNCL): W independent image projections, shared text encoder and head.
+    c.model.views = 1
 
     c.optim = ml_collections.ConfigDict()
     c.optim.name = "adam"
@@ -190,10 +192,9 @@ def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
     ``overrides`` (so a config never repeats, or drifts from, the method's defaults)."""
     from ncljax import methods
 
-    factory = methods.REGISTRY[name]
     defaults = {
         k: p.default
-        for k, p in inspect.signature(factory).parameters.items()
+        for k, p in methods.hyperparameters(name).items()
         if p.default is not inspect.Parameter.empty
     }
     unknown = sorted(set(overrides) - set(defaults))
@@ -316,6 +317,7 @@ def check_fields(config, overridden: Collection[str] | None = None) -> None:
     need(m.text_input in ("tokens", "global"), "model.text_input", "'tokens' or 'global'")
     for field in ("embed_dim", "word_dim", "sim_dim", "sgr_steps", "pair_chunk"):
         need(is_int(m[field]) and m[field] >= 1, f"model.{field}", "a positive integer")
+    need(is_int(m.views) and m.views >= 1, "model.views", "an integer >= 1")
     for field in ("image_hidden", "text_hidden"):
         widths = m[field]
         need(

@@ -1,12 +1,13 @@
-r"""Evaluate an ensemble of finished runs: the mean of their similarities (SGRAF = SGR + SAF).
+r"""Evaluate an ensemble of finished runs: their pooled similarities (SGRAF = SGR + SAF).
 
   python -m ncljax.train.ensemble --workdir=runs/sgr --workdir=runs/saf [--split=test]
 
 Each run is rebuilt from its ``config.json``, its best-on-validation checkpoint is
 restored, both splits' images and captions are encoded by every network of every run,
-and Recall@K/rSum (or mAP) is computed on the mean of the runs' similarity matrices, in
-the same bounded-memory blocks as a single run. The runs must share the dataset and its
-evaluation protocol; they may differ in anything else (head, method, seed).
+and Recall@K/rSum (or mAP) is computed on the runs' similarity matrices combined by their
+methods' ``eval_pool`` (the mean for every method but UGNCL), in the same bounded-memory
+blocks as a single run. The runs must share the dataset, its evaluation protocol and the
+pool; they may differ in anything else (head, method, seed).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
     """The evaluator of a finished run and its best-on-validation model."""
     config = load_config(workdir)
     dataset = sources.load_dataset(config.data)
-    method = methods.build_method(config.method, config.method_kwargs)
+    method = methods.build_method(config.method, config.method_kwargs, config.model)
     graphdef, state = state_lib.create(
         model_fn=lambda rngs: models.build_model(config.model, dataset.info, rngs),
         tx=optax.identity(),  # only the model is restored
@@ -64,15 +65,17 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
         mesh,
         transform=method.eval_transform,
         fields=models.input_fields(config.model),
+        pool=method.eval_pool,
     )
     return evaluator, best[0]
 
 
 def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str, float]:
-    """Metrics of the mean similarity of the runs in ``workdirs`` on ``split``.
+    """Metrics of the pooled similarity of the runs in ``workdirs`` on ``split``.
 
     Raises:
-      ValueError: when the runs do not share the dataset and evaluation settings.
+      ValueError: when the runs do not share the dataset and evaluation settings, or
+        their methods pool similarities differently.
     """
     configs = [load_config(w) for w in workdirs]
     for section in _SHARED:

@@ -95,25 +95,60 @@ def warn_if_collapsed(representations: dict[str, dict], split_name: str) -> None
             )
 
 
-def _network_similarity(graphdef, transform, params, image_block, text_block):
-    """Mean over networks of ``transform(sim)``; blocks are ``[n, K, ...]``."""
+def _mean(x: jax.Array, axis: int = 0) -> jax.Array:
+    return jnp.mean(x, axis)
+
+
+def _log_mean_exp(x: jax.Array, axis: int = 0) -> jax.Array:
+    return jax.nn.logsumexp(x, axis) - jnp.log(x.shape[axis])
+
+
+# ``Method.eval_pool`` -> ``pool(x, axis=0)``: how the (transformed) similarities of views,
+# networks and runs are combined.
+POOLS: dict[str, Callable[..., jax.Array]] = {"mean": _mean, "logmeanexp": _log_mean_exp}
+
+
+def _check_pool(pool: str) -> None:
+    if pool not in POOLS:
+        raise ValueError(f"Unknown evaluation pool {pool!r}; known: {sorted(POOLS)}.")
+
+
+def _network_similarity(graphdef, transform, pool, params, image_block, text_block):
+    """``pool`` of ``transform(sim)`` over every view of every network; blocks are
+    ``[n, K, ...]``."""
     params, model_state = params
 
     def one(p, s, image, text):
-        return transform(nnx.merge(graphdef, p, s).similarity(image, text))
+        model = nnx.merge(graphdef, p, s)
+        sim = model.similarity(image, text)
+        views = sim if getattr(model, "num_views", 1) > 1 else sim[None]  # [W, n, m]
+        return jnp.stack([transform(view) for view in views])
 
     sims = jax.vmap(one, in_axes=(0, 0, 1, 1))(params, model_state, image_block, text_block)
-    return sims.mean(0)
+    return POOLS[pool](sims.reshape(-1, *sims.shape[2:]), axis=0)
 
 
 class Evaluator:
     """Scores a ``TrainState`` on the splits of a dataset (Recall@K/rSum or mAP@all).
 
-    With several networks, similarities are ``transform``-ed and averaged over networks
-    (mAP: the cosine of the concatenated unit embeddings, i.e. the mean cosine).
+    The similarities of every image view of every network are ``transform``-ed and
+    combined by ``pool`` (a name in ``POOLS``; mAP, which needs ``'mean'``: the cosine of
+    the concatenated unit embeddings, i.e. the mean cosine over networks).
     """
 
-    def __init__(self, graphdef, dataset, config, mesh, *, transform: Callable, fields):
+    def __init__(
+        self,
+        graphdef,
+        dataset,
+        config,
+        mesh,
+        *,
+        transform: Callable,
+        fields,
+        pool: str = "mean",
+    ):
+        _check_pool(pool)
+        self._pool = pool
         self._dataset = dataset
         self._config = config
         self._mesh = mesh
@@ -122,7 +157,7 @@ class Evaluator:
         self._encode_image = jax.jit(_with_labels(step_lib.make_forward(graphdef, _image_repr)))
         self._encode_text = jax.jit(_with_labels(step_lib.make_forward(graphdef, _text_repr)))
         # One function object for the run, so evaluation compiles once.
-        self._sim_fn = functools.partial(_network_similarity, graphdef, transform)
+        self._sim_fn = functools.partial(_network_similarity, graphdef, transform, pool)
 
     def _encode(self, encode, state, record_fn, n):
         cfg = self._config
@@ -171,6 +206,7 @@ class Evaluator:
             split.captions_per_image,
             self._sim_fn,
             (state.params, state.model_state),
+            self._pool,
         )
 
     def __call__(self, state: TrainState, split_name: str) -> dict[str, float]:
@@ -178,7 +214,8 @@ class Evaluator:
 
 
 class Encoded(NamedTuple):
-    """A split encoded by one run: representations ``[n, K, ...]`` and how to score them."""
+    """A split encoded by one run: representations ``[n, K, ...]`` and how to score them
+    (``pool``: the name in ``POOLS`` that combines its views and networks)."""
 
     images: Any
     texts: Any
@@ -187,17 +224,24 @@ class Encoded(NamedTuple):
     captions_per_image: int
     sim_fn: Callable
     params: Any
+    pool: str = "mean"
 
 
-def _ensemble_similarity(sim_fns, params, images, texts):
-    """Mean over runs of each run's (network-averaged) similarity of the blocks."""
+def _ensemble_similarity(sim_fns, pool, params, images, texts):
+    """``pool`` over runs of each run's (pooled) similarity of the blocks."""
     sims = [f(p, i, t) for f, p, i, t in zip(sim_fns, params, images, texts, strict=True)]
-    return sum(sims) / len(sims)
+    return POOLS[pool](jnp.stack(sims), axis=0)
 
 
 def _score_map(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
-    """mAP@all over the mean cosine of every network of every run."""
+    """mAP@all over the mean cosine of every network of every run (needs ``pool='mean'``
+    and one embedding per image: no image views)."""
     del split_name
+    if runs[0].pool != "mean" or any(r.images["emb"].ndim != r.texts["emb"].ndim for r in runs):
+        raise ValueError(
+            "eval.kind='map' scores the mean cosine of embeddings: it needs a method whose "
+            f"eval_pool is 'mean' (not {runs[0].pool!r}) and models without image views."
+        )
     emb_image = jnp.concatenate([_flatten_networks(r.images["emb"]) for r in runs], 1)
     emb_text = jnp.concatenate([_flatten_networks(r.texts["emb"]) for r in runs], 1)
     scale = 1.0 / np.sqrt(len(runs))
@@ -211,7 +255,7 @@ def _score_map(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[s
 
 
 def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
-    """Recall@K/rSum of the mean of the runs' similarities (COCO: 5-fold 1K on test)."""
+    """Recall@K/rSum of the pooled runs' similarities (COCO: 5-fold 1K on test)."""
     if len(runs) == 1:  # the run's own sim_fn object: its compilation is reused every epoch
         sim_fn, images, texts, params = (
             runs[0].sim_fn,
@@ -220,7 +264,9 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
             runs[0].params,
         )
     else:
-        sim_fn = functools.partial(_ensemble_similarity, tuple(r.sim_fn for r in runs))
+        sim_fn = functools.partial(
+            _ensemble_similarity, tuple(r.sim_fn for r in runs), runs[0].pool
+        )
         images, texts = tuple(r.images for r in runs), tuple(r.texts for r in runs)
         params = tuple(r.params for r in runs)
     kwargs = dict(
@@ -247,9 +293,18 @@ EVAL_KINDS: dict[str, Callable[..., dict[str, float]]] = {
 def score(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
     """The ``config.eval.kind`` metrics of one run's encodings, or of an ensemble of runs.
 
-    An ensemble scores the mean of the runs' similarities (SGRAF: an SGR and an SAF
-    model); mAP uses the mean cosine over every network of every run.
+    An ensemble scores the runs' similarities combined by their shared pool (the mean for
+    SGRAF's SGR and SAF models); mAP uses the mean cosine over every network of every run.
+
+    Raises:
+      ValueError: for runs whose pools differ, or mAP with a pool other than the mean.
     """
+    pools = list(dict.fromkeys(r.pool for r in runs))  # in the order of the runs
+    if len(pools) > 1:
+        raise ValueError(
+            f"The runs combine similarities differently ({' vs '.join(pools)}); an ensemble "
+            "needs one rule (Method.eval_pool)."
+        )
     return EVAL_KINDS[config.eval.kind](runs, config, mesh, split_name)
 
 

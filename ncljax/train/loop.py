@@ -81,7 +81,7 @@ def train_and_evaluate(
     dataset = sources.load_dataset(config.data)
     info = dataset.info
     config_lib.validate(config, info)
-    method = methods.build_method(config.method, config.method_kwargs)
+    method = methods.build_method(config.method, config.method_kwargs, config.model)
     image_fields, text_fields = models.input_fields(config.model)
     train_split = dataset.split("train")
     pairs = pipeline.training_pairs(
@@ -118,6 +118,7 @@ def train_and_evaluate(
         mesh,
         transform=method.eval_transform,
         fields=(image_fields, text_fields),
+        pool=method.eval_pool,
     )
 
     rundir.make_workdir(workdir)

@@ -112,6 +112,9 @@ def _diagnostic_metrics(aux: dict, batch: dict, clean: jax.Array) -> Metrics:
         metrics |= noise_detection_metrics(aux["clean_estimate"], truth, mask)
     for name, estimate in aux.get("clean_estimates", {}).items():
         metrics |= noise_detection_metrics(estimate, truth, mask, f"_{name}")
+    for name, estimate in aux.get("noisy_estimates", {}).items():
+        found = noise_detection_metrics(estimate, ~truth, mask, f"_{name}")
+        metrics |= {key.replace("_noise_", "_noisy_", 1): v for key, v in found.items()}
     if "loss_weight" in aux:
         weight = jnp.where(mask, aux["loss_weight"], 0.0)
         noisy = jnp.where(truth, 0.0, weight).sum()

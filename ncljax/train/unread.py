@@ -35,6 +35,12 @@ def _cosine(c) -> bool:
     return c.model.head == "cosine"
 
 
+def _multi_view(c) -> bool:
+    from ncljax.methods import MULTI_VIEW  # late: no import of the method registry at load
+
+    return c.method in MULTI_VIEW
+
+
 CONDITIONAL_FIELDS = (
     Conditional(("model.image_hidden",), ("model.head",), _cosine, "model.head='cosine'"),
     Conditional(
@@ -76,6 +82,7 @@ CONDITIONAL_FIELDS = (
     Conditional(
         ("model.sgr_steps",), ("model.head",), lambda c: c.model.head == "sgr", "model.head='sgr'"
     ),
+    Conditional(("model.views",), ("method",), _multi_view, "a method with image views (ugncl)"),
     Conditional(
         ("optim.weight_decay",),
         ("optim.name",),

@@ -43,14 +43,18 @@ CASES = [
     ("noise.shared_label", False, {}, {"noise.kind": "asymmetric"}),
     ("noise.exclude_true", True, {"noise.kind": "asymmetric"}, {"noise.kind": "symmetric"}),
     ("noise.seed", 3, {"noise.kind": "file", "noise.file": "i.npy"}, {"noise.kind": "per_caption"}),
+    ("model.views", 2, {"method": "vse"}, {"method": "ugncl"}),  # ugncl need not be registered
 ]
 
 
 def _config(settings):
     config = config_lib.base_config()
     for field, value in settings.items():
-        section, name = field.split(".")
-        config[section][name] = value
+        *sections, name = field.split(".")
+        target = config
+        for section in sections:
+            target = target[section]
+        target[name] = value
     return config
 
 
@@ -66,6 +70,12 @@ def test_a_non_default_field_the_run_does_not_read_is_refused(field, value, unre
     with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} is read only with")) as e:
         config_lib.check_fields(_config({**unread, field: value}))
     assert str(e.value).count("is read only with") == 1  # one message, one field
+
+
+def test_model_views_must_be_a_positive_integer():
+    for views in (0, -1):
+        with pytest.raises(ValueError, match=re.escape(f"model.views={views!r} must be")):
+            config_lib.check_fields(_config({"method": "ugncl", "model.views": views}))
 
 
 def test_reset_unread_restores_the_defaults_of_unread_fields():

@@ -102,3 +102,23 @@ def test_evaluator_warns_on_collapsed_image_encoder(evaluator_and_state, caplog)
     # Every caption's images tie: text->image is chance level, not 100.
     for k in (1, 5, 10):
         assert collapsed[f"t2i_r{k}"] == pytest.approx(100 * min(k, num_val) / num_val)
+
+
+def _encoded(pool):
+    emb = np.eye(3, dtype=np.float32)[:, None]  # [n, K, D]
+    labels = np.arange(3)
+    return evaluator_lib.Encoded({"emb": emb}, {"emb": emb}, labels, labels, 1, None, None, pool)
+
+
+def test_pools_are_checked_and_an_ensemble_needs_one_rule():
+    with pytest.raises(ValueError, match=r"Unknown evaluation pool 'max'.*logmeanexp"):
+        evaluator_lib.Evaluator(None, None, None, None, transform=None, fields=None, pool="max")
+    x = np.log(np.array([[1.0], [3.0]], np.float32))
+    np.testing.assert_allclose(evaluator_lib.POOLS["logmeanexp"](x), np.log([2.0]), rtol=1e-6)
+    np.testing.assert_allclose(evaluator_lib.POOLS["mean"](x), x.mean(0), rtol=1e-6)
+    config = test_loop.tiny(test_loop.load_config("ce", "synthetic"), epochs=1)
+    with pytest.raises(ValueError, match=r"\(mean vs logmeanexp\); an ensemble needs one rule"):
+        evaluator_lib.score([_encoded("mean"), _encoded("logmeanexp")], config, None, "val")
+    config.eval.kind = "map"
+    with pytest.raises(ValueError, match="eval_pool is 'mean'"):
+        evaluator_lib.score([_encoded("logmeanexp")], config, None, "val")
