@@ -4,6 +4,8 @@ r"""GSC throughput: the train step with the SGR head, and the per-epoch label es
   python benchmarks/gsc_throughput.py step --method=gsc --networks=2 --batch=128
   python benchmarks/gsc_throughput.py step --method=vse --networks=1 --batch=128
   python benchmarks/gsc_throughput.py step --method=srem --batch=128
+  python benchmarks/gsc_throughput.py step --method=ugncl --batch=128
+  python benchmarks/gsc_throughput.py division --batch=128
   python benchmarks/gsc_throughput.py estimate --samples=145000
 
 ``step``: real Flickr30K shapes with random inputs (36 x 2048 regions, 300-d words, Bi-GRU
@@ -15,9 +17,17 @@ losses, buffer writes; labels drawn uniformly so the masks are not trivial), of 
 phase (one network; energies, clean splits, swapped weights, complementary
 distributions and the three losses on the cross-modal pass's logits, with its memory
 writes and logged metrics; no true mask is given, so the precision/recall diagnostics
-are not computed); median pairs/s over ``--repeats`` steps after a compiling warm-up,
+are not computed) or of ``ugncl``'s training phase (two image views, so two SGR passes
+sharing one caption encoding and head, raw logits; the division read from memory rows
+drawn at random so every set is populated; evidential loss of both directions and
+views, trusted robust loss); median pairs/s over ``--repeats`` steps after a compiling warm-up,
 and the process's peak RSS (run one configuration per process: the peak includes
 compilation).
+
+``division``: UGNCL's per-epoch division pass, per batch: the eval-mode forward of both
+views (no gradient) and the division signals (``ncljax.labels.division_signals``), as the
+trainer's statistics pass runs it; pairs/s and the implied time of a Flickr30K pass
+(145,000 pairs).
 
 ``estimate``: GSC's per-epoch estimation over ``--samples`` pairs (min-max, two-component
 GMM by EM, temporal ensembling, minimum; ``ncljax.labels.gsc_update_labels``, jitted), on
@@ -64,13 +74,11 @@ def random_batch(rng, n, length):
 
 def step(args):
     rng = np.random.default_rng(0)
-    kwargs = {} if args.method == "srem" else {"num_networks": args.networks}
+    kwargs = {} if args.method in ("srem", "ugncl") else {"num_networks": args.networks}
     method = methods.build_method(args.method, kwargs)
     tx = optax.chain(optax.clip_by_global_norm(2.0), optax.adam(2e-4))
     graphdef, state = state_lib.create(
-        model_fn=lambda rngs: sgraf.SGRAFModel(
-            2048, VOCAB, chunk=args.chunk, remat=args.remat, rngs=rngs
-        ),
+        model_fn=functools.partial(_model, args),
         tx=tx,
         memory=method.init_memory(InitContext(args.batch, None, None, None)),
         num_networks=args.networks,
@@ -79,6 +87,16 @@ def step(args):
     if args.method == "gsc":
         shape = (args.networks, args.batch)
         samples = dict(state.memory.samples, labels=jnp.asarray(rng.uniform(size=shape)))
+        state = state._replace(memory=Memory(samples, state.memory.state))
+    if args.method == "ugncl":
+        n = args.batch
+        rows = {
+            "uncertainty": rng.uniform(0.2, 0.8, n),
+            "prediction": (rng.random(n) < 0.7).astype(np.float32),
+            "soft_label": rng.uniform(0.0, 1.0, n),
+        }
+        samples = dict(state.memory.samples)
+        samples.update({k: jnp.asarray(v, jnp.float32)[None] for k, v in rows.items()})
         state = state._replace(memory=Memory(samples, state.memory.state))
     mesh = mesh_lib.make_mesh(0)
     state = mesh_lib.replicate(state, mesh)
@@ -109,6 +127,57 @@ def step(args):
     )
 
 
+def _model(args, rngs):
+    ugncl = args.method == "ugncl"
+    return sgraf.SGRAFModel(
+        2048,
+        VOCAB,
+        chunk=args.chunk,
+        remat=args.remat,
+        sigmoid=not ugncl,
+        views=2 if ugncl else 1,
+        rngs=rngs,
+    )
+
+
+def division(args):
+    """UGNCL's statistics pass per batch: eval forward of both views + division signals."""
+    rng = np.random.default_rng(0)
+    args.method = "ugncl"
+    method = methods.build_method("ugncl")
+    graphdef, state = state_lib.create(
+        model_fn=functools.partial(_model, args),
+        tx=optax.identity(),
+        memory=method.init_memory(InitContext(args.batch, None, None, None)),
+        num_networks=1,
+        seed=0,
+    )
+    mesh = mesh_lib.make_mesh(0)
+    state = mesh_lib.replicate(state, mesh)
+    batch = jax.device_put(
+        random_batch(rng, args.batch, args.length), mesh_lib.batch_sharding(mesh)
+    )
+
+    def stats(model, batch):
+        outputs = method.forward_fn(model, batch, None, train=False, rngs=None, phase=-1)
+        return method.stats_fn(outputs, batch)
+
+    forward = jax.jit(step_lib.make_forward(graphdef, stats))
+
+    def run():
+        jax.block_until_ready(forward(state.params, state.model_state, batch))
+
+    with jax.set_mesh(mesh):
+        times = timed(run, warmup=1, repeats=args.repeats)
+    t = statistics.median(times)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"division batch={args.batch} length={args.length} views=2: {t:.2f} s/batch median "
+        f"({min(times):.2f}-{max(times):.2f}), {args.batch / t:.1f} pairs/s, a Flickr30K "
+        f"pass (145,000 pairs) {145_000 / args.batch * t / 3600:.2f} h, peak RSS {rss:.1f} GiB"
+    )
+
+
 def estimate(args):
     rng = np.random.default_rng(0)
     n = args.samples
@@ -134,9 +203,9 @@ def estimate(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["step", "estimate"])
+    parser.add_argument("mode", choices=["step", "division", "estimate"])
     parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--method", default="gsc", choices=["gsc", "vse", "srem"])
+    parser.add_argument("--method", default="gsc", choices=["gsc", "vse", "srem", "ugncl"])
     parser.add_argument("--networks", type=int, default=1)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--length", type=int, default=24)
@@ -146,7 +215,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"# {machine()}")
-    {"step": step, "estimate": estimate}[args.mode](args)
+    {"step": step, "division": division, "estimate": estimate}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,17 @@ def _classes(num: int, where: ArrayLike | None) -> jax.Array:
     return where
 
 
+def _normaliser(log_a: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(m, S)`` with ``Lambda = e^m S``: ``m`` the row's largest ``log alpha``, ``S`` the sum
+    of ``alpha / e^m`` over the real classes (``[..., 1]`` each). Ratios ``x / Lambda`` are
+    then ``(x / e^m) / S``, exact for any ``Lambda`` (``exp(l - log Lambda)`` would inherit
+    the rounding of a large ``log Lambda``)."""
+    masked = jnp.where(valid, log_a, -jnp.inf)
+    shift = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
+    total = jnp.exp(masked - shift).sum(-1, keepdims=True)
+    return shift, total
+
+
 def log_evidence(
     raw: ArrayLike,
     *,
@@ -147,10 +158,10 @@ def dirichlet_opinion(log_e: ArrayLike, *, where: ArrayLike | None = None) -> Op
     log_e = _float(log_e)
     valid = _classes(log_e.shape[-1], where)
     num = valid.sum().astype(log_e.dtype)
-    log_strength = jax.nn.logsumexp(jnp.where(valid, log_alpha(log_e), -jnp.inf), axis=-1)
-    belief = jnp.where(valid, jnp.exp(log_e - log_strength[..., None]), 0.0)
-    uncertainty = jnp.exp(jnp.log(num) - log_strength)
-    return Opinion(belief, uncertainty, log_strength)
+    shift, total = _normaliser(log_alpha(log_e), valid)
+    belief = jnp.where(valid, jnp.exp(log_e - shift) / total, 0.0)
+    uncertainty = num * jnp.exp(-shift[..., 0]) / total[..., 0]
+    return Opinion(belief, uncertainty, (shift + jnp.log(total))[..., 0])
 
 
 def ds_combine(
@@ -176,10 +187,10 @@ def ds_combine(
     """
     b1, b2 = _float(belief1), _float(belief2)
     u1, u2 = _float(uncertainty1)[..., None], _float(uncertainty2)[..., None]
-    conflict = b1.sum(-1, keepdims=True) * b2.sum(-1, keepdims=True) - (b1 * b2).sum(
-        -1, keepdims=True
-    )
-    scale = 1.0 / (1.0 - conflict)
+    # 1 - C without cancellation: (sum b1 + u1)(sum b2 + u2) = 1, so
+    # 1 - C = u1 u2 + u1 sum b2 + u2 sum b1 + sum_k b1_k b2_k.
+    sum1, sum2 = b1.sum(-1, keepdims=True), b2.sum(-1, keepdims=True)
+    scale = 1.0 / (u1 * u2 + u1 * sum2 + u2 * sum1 + (b1 * b2).sum(-1, keepdims=True))
     belief = (b1 * b2 + b1 * u2 + b2 * u1) * scale
     uncertainty = (u1 * u2 * scale)[..., 0]
     return belief, uncertainty
@@ -248,9 +259,9 @@ def edl_squared_error(
     log_a = log_alpha(log_e)
     target = _float(target)
     valid = _classes(log_a.shape[-1], where)
-    log_strength = jax.nn.logsumexp(jnp.where(valid, log_a, -jnp.inf), axis=-1, keepdims=True)
-    mean = jnp.exp(log_a - log_strength)
-    inverse_strength_plus_one = jnp.exp(-jnp.logaddexp(log_strength, 0.0))
+    shift, total = _normaliser(log_a, valid)
+    mean = jnp.exp(jnp.where(valid, log_a, -jnp.inf) - shift) / total
+    inverse_strength_plus_one = jnp.exp(-shift) / (total + jnp.exp(-shift))
     terms = jnp.square(target - mean) + mean * (1.0 - mean) * inverse_strength_plus_one
     return jnp.where(valid, terms, 0.0).sum(-1)
 

@@ -28,6 +28,7 @@ loss (``stop_gradient``).
 
 from __future__ import annotations
 
+import fractions
 from typing import NamedTuple
 
 import jax
@@ -266,8 +267,14 @@ def num_hard_negatives(
     Returns:
       int32 scalar ``>= 1``.
     """
-    t = jnp.asarray(step, jnp.float32)
-    lam = jnp.maximum(jnp.floor(start - rate * t), floor).astype(jnp.int32)
+    # In integers: floor(start - rate t) = start - ceil(num t / den) with rate = num / den
+    # (a float product could be contracted into a fused multiply-add and round 32 to 31).
+    ratio = fractions.Fraction(rate).limit_denominator(10**6)
+    num, den = ratio.numerator, ratio.denominator
+    t = jnp.asarray(step, jnp.int32)
+    if num:  # beyond the step where the floor is reached nothing changes: keep num t small
+        t = jnp.minimum(t, (start - floor + 1) * den // num + 1)
+    lam = jnp.maximum(start - (num * t + den - 1) // den, floor).astype(jnp.int32)
     if num_real is not None:
         lam = jnp.minimum(lam, jnp.asarray(num_real, jnp.int32) - 1)
     return jnp.maximum(lam, 1)
