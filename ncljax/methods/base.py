@@ -1,5 +1,10 @@
 """The method bundle: the small set of pure functions a training method is made of.
 
+A factory (``ncljax.methods.REGISTRY``) builds a ``Method`` from its hyperparameters
+(``config.method_kwargs``); a factory that declares a ``model_config`` parameter also
+receives the run's ``model`` config section (what the head returns decides, e.g., how
+UGNCL turns similarities into evidence), which is not a hyperparameter.
+
 A method never touches parameters, optimisers, data loading or devices; the trainer
 (``ncljax.train``) composes its functions into one jitted ``train_step`` and runs each
 epoch as its ``EpochPlan`` says.

@@ -318,3 +318,29 @@ def test_ugncl_beats_the_baselines_and_its_clean_set_is_precise(tmp_path, rate):
     curve = [float(np.mean(precision[e])) for e in sorted(precision)]
     print("determined-clean precision per training epoch:", np.round(curve, 3).tolist())
     assert min(curve) >= 0.9, curve
+
+
+@pytest.mark.slow
+def test_ugncl_star_ensemble_pools_the_evidence_of_sgr_and_saf_runs(tmp_path):
+    """UGNCL*: an SGR run and an SAF run with two views each, scored by the ensemble
+    evaluation with the method's rule (log-mean-exp of the log-evidences; the pooling
+    itself is checked against numpy in tests/models/test_views.py)."""
+    from ncljax.train import ensemble
+
+    for head in ("sgr", "saf"):
+        config = tiny(ugncl_config(), epochs=2)
+        config.method_kwargs.warmup_epochs = 1
+        config.model.head, config.model.sim_dim, config.model.sim_output = head, 16, "raw"
+        config.model.embed_dim, config.model.word_dim = 32, 16
+        unread.reset_unread(config)
+        train_and_evaluate(config, str(tmp_path / head))
+    runs = [str(tmp_path / "sgr"), str(tmp_path / "saf")]
+    both = ensemble.evaluate_ensemble(runs)
+    assert np.isfinite(both["rsum"]) and both["rsum"] > 0
+    mesh = mesh_lib.make_mesh(1)
+    with jax.set_mesh(mesh):
+        encoded = [
+            ev.encode(state, "test") for ev, state in (ensemble.load_run(w, mesh) for w in runs)
+        ]
+    assert [e.pool for e in encoded] == ["logmeanexp"] * 2
+    assert encoded[0].images["glob"].shape[2] == 2  # [n, networks, views, D]
