@@ -261,14 +261,14 @@ def ugncl_config(arg="synthetic,quick"):
 @pytest.mark.parametrize(
     "backbone",
     [
-        "saf",
         "global",
+        pytest.param("saf", marks=pytest.mark.slow),
         pytest.param("sgr", marks=pytest.mark.slow),
         pytest.param("regions", marks=pytest.mark.slow),  # the notebook runs it quick
     ],
 )
 def test_ugncl_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbone):
-    # SAF in the default run: the training phase only (each phase compiles its own step).
+    # SAF: the training phase only (each phase compiles its own SAF step).
     warmup = 0 if backbone == "saf" else 1
     config = tiny(ugncl_config(), epochs=warmup + 1)
     config.method_kwargs.warmup_epochs = warmup
@@ -301,15 +301,20 @@ def test_ugncl_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backb
 def test_ugncl_beats_the_baselines_and_its_clean_set_is_precise(tmp_path, rate):
     """UGNCL against VSE++ and InfoNCE trained the same way (``configs/<name>.py:synthetic``:
     backbone, optimiser, batch, 12 epochs); the determined-clean set's precision after the
-    warm-up. About 3-6 minutes per run on 2 cores."""
+    warm-up. One device: on 2 busy cores the 8 fake devices' collectives can time out
+    (XLA's 40 s rendezvous) in runs this long. Measured (test rSum, UGNCL / InfoNCE /
+    VSE++; ``benchmarks/synthetic_results.py``, the same runs): 478.3 / 448.2 / 246.1 at
+    40%, 453.6 / 390.3 / 118.4 at 60%; determined-clean precision 0.95-0.996 per epoch.
+    About 2-5 minutes per run on 2 cores."""
     scores = {}
     for name in ("ugncl", "vse", "infonce"):
         config = load_config(name, "synthetic")
         config.noise.rate = rate
         config.train.progress_bar = False
+        config.train.num_devices = 1
         scores[name] = train_and_evaluate(config, str(tmp_path / name))
     print({name: (round(s["rsum"], 1), s["best_epoch"]) for name, s in scores.items()})
-    assert scores["ugncl"]["rsum"] > scores["infonce"]["rsum"], scores
+    assert scores["ugncl"]["rsum"] > scores["infonce"]["rsum"] + 10, scores
     assert scores["ugncl"]["rsum"] > scores["vse"]["rsum"] + 100, scores
     precision = {}
     for r in read_metrics(tmp_path / "ugncl"):
