@@ -10,18 +10,15 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from ncljax import evidence, labels, losses, methods, models
-from ncljax.data import pipeline
+from ncljax import evidence, labels, losses, methods
 from ncljax.labels import ugncl as division
 from ncljax.methods import base
 from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
-from ncljax.train import state as state_lib
-from ncljax.train import step as step_lib
 from ncljax.train import train_and_evaluate, unread
+from tests.methods.steps import train_steps
 from tests.train.test_loop import load_config, read_metrics, tiny
 
 B, N = 32, 40  # as the data fixture
@@ -217,23 +214,7 @@ def _train(info, batches, *, num_devices, views=2):
     cfg = config_lib.base_config().model
     cfg.embed_dim, cfg.word_dim, cfg.views = 32, 16, views
     method = methods.build_method("ugncl", {"division_cadence": "online"}, model_config=cfg)
-    mesh = mesh_lib.make_mesh(num_devices)
-    tx = optax.sgd(0.5)
-    graphdef, state = state_lib.create(
-        model_fn=lambda rngs: models.build_model(cfg, info, rngs),
-        tx=tx,
-        memory=method.init_memory(base.InitContext(N, info, None, None)),
-        num_networks=1,
-        seed=0,
-    )
-    state = jax.device_put(state, mesh_lib.replicated(mesh))
-    step = jax.jit(step_lib.make_train_step(graphdef, method, tx, num_samples=N), static_argnums=2)
-    clean = jnp.arange(N) % 3 > 0  # a known mask: the diagnostics are computed too
-    with jax.set_mesh(mesh):
-        for batch in batches:
-            sharded = pipeline.to_device(batch, mesh_lib.batch_sharding(mesh))
-            state, metrics = step(state, sharded, base.MAIN, clean)
-    return jax.device_get(state), jax.device_get(metrics)
+    return train_steps(method, cfg, info, batches, num_devices=num_devices, num_samples=N)
 
 
 def test_one_device_equals_eight(data, devices):
