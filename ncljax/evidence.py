@@ -196,10 +196,16 @@ def ds_combine(
     return belief, uncertainty
 
 
-def opinion_to_alpha(belief: ArrayLike, uncertainty: ArrayLike) -> jax.Array:
-    r"""Dirichlet parameters of an opinion: ``alpha_k = b_k K / u + 1`` (UGNCL Eq. 7)."""
+def opinion_to_alpha(
+    belief: ArrayLike, uncertainty: ArrayLike, num_classes: ArrayLike | None = None
+) -> jax.Array:
+    r"""Dirichlet parameters of an opinion: ``alpha_k = b_k K / u + 1`` (UGNCL Eq. 7).
+
+    ``num_classes``: ``K``, the real classes of a padded opinion (default: the last axis).
+    """
     belief, uncertainty = _float(belief), _float(uncertainty)
-    return belief * belief.shape[-1] / uncertainty[..., None] + 1.0
+    num = belief.shape[-1] if num_classes is None else num_classes
+    return belief * num / uncertainty[..., None] + 1.0
 
 
 def _log_expm1(x: jax.Array) -> jax.Array:

@@ -638,3 +638,11 @@ def test_jit_equals_no_jit():
     args = (raw, y, b1, u1, b2, u2)
     for got, want in zip(_all_jitted(*args), _all(*args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_opinion_to_alpha_of_a_padded_opinion_counts_the_real_classes():
+    e = np.array([4.0, 1.0, 1.0, 2.0, 7.0])
+    where = np.array([True, True, True, True, False])
+    op = ev.dirichlet_opinion(np.log(e).astype(np.float32), where=where)
+    alpha = ev.opinion_to_alpha(op.belief, op.uncertainty, int(where.sum()))
+    np.testing.assert_allclose(alpha[:4], e[:4] + 1.0, rtol=1e-6)  # the padding class: 1
