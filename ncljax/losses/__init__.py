@@ -14,6 +14,11 @@ from ncljax.losses.evidential import (
     trusted_robust_loss,
     ugncl_loss,
 )
+from ncljax.losses.pseudo import (
+    prediction_entropy_loss,
+    pseudo_classification_loss,
+    pseudo_label_cross_entropy,
+)
 from ncljax.losses.ranking import (
     hinge_costs,
     soft_margin,
@@ -47,8 +52,11 @@ __all__ = [
     "hinge_costs",
     "info_nce",
     "mask_structures",
+    "prediction_entropy_loss",
     "prototype_cross_entropy",
     "prototype_logits",
+    "pseudo_classification_loss",
+    "pseudo_label_cross_entropy",
     "soft_cross_entropy",
     "soft_margin",
     "srem_loss",
