@@ -167,14 +167,14 @@ def srem_config(arg="synthetic,quick"):
 @pytest.mark.parametrize(
     "backbone",
     [
-        "saf",
         "global",
+        pytest.param("saf", marks=pytest.mark.slow),  # 53 s; the SAF step: tests/models
         pytest.param("sgr", marks=pytest.mark.slow),
         pytest.param("regions", marks=pytest.mark.slow),  # the configs tests run it quick
     ],
 )
 def test_srem_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbone):
-    # SAF in the default run: the main phase only (each phase compiles its own SAF step).
+    # SAF: the main phase only (each phase compiles its own SAF step).
     warmup = 0 if backbone == "saf" else 1
     config = tiny(srem_config(), epochs=warmup + 1)
     config.method_kwargs.warmup_epochs = warmup

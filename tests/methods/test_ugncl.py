@@ -245,7 +245,8 @@ def ugncl_config(arg="synthetic,quick"):
         "global",
         pytest.param("saf", marks=pytest.mark.slow),
         pytest.param("sgr", marks=pytest.mark.slow),
-        pytest.param("regions", marks=pytest.mark.slow),  # the notebook runs it quick
+        # In the default run through the notebook's test (a quick run of the regions config).
+        pytest.param("regions", marks=pytest.mark.slow),
     ],
 )
 def test_ugncl_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbone):
