@@ -13,13 +13,18 @@ is the evaluator's 5-fold option):
   (caption ``k`` describes image ``k // 5``).
 * CC152K: ``{prefix}_caps.tsv``, tab-separated with the caption in column 1 (read with
   Python's ``csv`` module as NCR does), one caption per image.
-* NoW: ``{prefix}_caps_{tokenizer}.txt``, one caption per line as comma-separated token
-  ids (empty fields ignored), one caption per image; ``<start>`` and ``<end>`` ids come
-  from its vocabulary.
+* NoW: ``{prefix}_caps_{tokenizer}.txt`` (tokenizer ``bpe``, ``bert`` or ``jieba``), one
+  caption per line as comma-separated integer token ids (empty fields ignored), one
+  caption per image; each caption is ``[<start>, ids as given..., <end>]`` with the
+  ``<start>`` and ``<end>`` ids of its vocabulary. ``{prefix}_ids.txt`` (each pair's index
+  in the authors' 500K collection) is not read. NoW's README names the folder
+  ``h5100k_precomp``, PC2's code ``now100k_precomp``: either is accepted.
 * Vocabularies ``vocab/{f30k,coco,cc152k}_precomp_vocab.json`` and
-  ``vocab/now100k_precomp_vocab_{tokenizer}.json`` (``ncljax.data.vocab``). Without the
-  vocabulary file (not NoW) one is built from the training captions, keeping the words
-  seen at least ``data.vocab_threshold`` times.
+  ``vocab/now100k_precomp_vocab_{tokenizer}.json`` (``ncljax.data.vocab``). The
+  embedding-table size is the JSON ``idx`` field (NoW: 10,000 for bpe, 32,702 for bert,
+  56,271 for jieba), not ``len(word2idx)``. Without the vocabulary file (not NoW) one is
+  built from the training captions, keeping the words seen at least
+  ``data.vocab_threshold`` times.
 
 The folders may sit in ``<manual_dir>/`` or ``<manual_dir>/data/``. Images are read one
 at a time from the memory-mapped ``.npy`` files. A missing file raises a
@@ -85,14 +90,18 @@ class Release:
             return f"{prefix}_caps_{tokenizer}.txt"
         return f"{prefix}_caps.{self.captions}"
 
-    def layout(self, tokenizer: str = "{tokenizer}") -> str:
-        """The expected files, for instructions and error messages."""
+    def layout(self, tokenizer: str = "") -> str:
+        """The expected files, for instructions and error messages (NoW: of ``tokenizer``,
+        or of every tokenizer when it is empty)."""
+        tokenizer = tokenizer or "{" + ",".join(TOKENIZERS) + "}"
         cpi = self.captions_per_image
         kind = {
             "txt": f"one caption per line, {cpi} lines per image (caption k describes image "
             f"k // {cpi})",
             "tsv": "tab-separated 'id<TAB>caption', one line per image",
-            "ids": "one caption per line as comma-separated token ids, one line per image",
+            "ids": "one caption per line as comma-separated integer token ids (e.g. "
+            "'12,507,33'; empty fields are ignored), one line per image (the *_ids.txt "
+            "files are not read)",
         }[self.captions]
         names = ", ".join(
             f"{p}_ims.npy, {self.caption_file(p, tokenizer)}" for p in self.prefixes.values()
@@ -205,7 +214,8 @@ def locate(release: Release, manual: str, tokenizer: str = "", *, captions: bool
     root = next((r for r in roots if os.path.isfile(os.path.join(r, first))), None)
     if root is None:
         looked = [os.path.join(r, first) for r in roots]
-        raise _missing(release, first, looked, tokenizer)
+        where = " or ".join(f"{folder}/" for folder in folders)
+        raise _missing(release, f"{first} (in {where})", looked, tokenizer)
     images, caption_files = {}, {}
     for split, prefix in release.prefixes.items():
         wanted = [(images, f"{prefix}_ims.npy")]
@@ -229,7 +239,8 @@ def locate(release: Release, manual: str, tokenizer: str = "", *, captions: bool
 
 def _malformed(release: Release, path: str, problem: str) -> ValueError:
     return ValueError(
-        f"{release.name}: {path} is malformed: {problem}. Expected layout: {release.layout()}"
+        f"{release.name}: {path} is malformed: {problem}. Expected layout: {release.layout()} "
+        f"Replace it with the released file: download {release.published} again."
     )
 
 
@@ -353,16 +364,36 @@ def read_captions(release: Release, path: str) -> list[str]:
     return captions
 
 
+def _is_integer(field: str) -> bool:
+    """Whether ``int(field)`` succeeds."""
+    try:
+        int(field)
+    except ValueError:
+        return False
+    return True
+
+
 def read_token_ids(release: Release, path: str, vocab_size: int) -> list[list[int]]:
-    """Token ids of a NoW ``_caps_{tokenizer}.txt`` file, checked against the vocabulary."""
+    """Token ids of a NoW ``_caps_{tokenizer}.txt`` file, as given, checked against the
+    vocabulary: one caption per line, its ids separated by commas; empty fields (``,,``,
+    a trailing comma) are ignored, and an empty line is a caption without tokens.
+
+    Raises:
+      ValueError: a field that is not an integer, or an id outside ``[0, vocab_size)``.
+    """
     captions = []
     for line_number, line in enumerate(read_lines(release, path), 1):
+        fields = [field for field in line.split(",") if field.strip()]
         try:
-            ids = [int(field) for field in line.split(",") if field.strip()]
-        except ValueError as err:
+            ids = [int(field) for field in fields]
+        except ValueError:
+            bad = next(field for field in fields if not _is_integer(field))
             raise _malformed(
-                release, path, f"line {line_number} is not comma-separated integers ({err})"
-            ) from err
+                release,
+                path,
+                f"line {line_number} is not comma-separated integers: field {bad.strip()!r} "
+                "is not an integer token id",
+            ) from None
         bad = [i for i in ids if not 0 <= i < vocab_size]
         if bad:
             raise _malformed(

@@ -237,23 +237,6 @@ def test_cc152k_tsv_with_a_vocabulary_built_from_the_training_captions(tmp_path)
         load(config("cc152k", tmp_path, vocab_threshold=4))
 
 
-@pytest.mark.parametrize("folder", ["now100k_precomp", "h5100k_precomp"])
-def test_now_token_ids_with_its_vocabulary(tmp_path, folder):
-    written = write_release(tmp_path / "manual", "now", tokenizer="bpe")
-    if folder != "now100k_precomp":
-        os.rename(written, tmp_path / "manual" / folder)
-    dataset = load(config("now", tmp_path, tokenizer="bpe"))
-    info = dataset.info
-    assert (info.region_dim, info.captions_per_image, info.vocab_size) == (768, 1, 50)
-    assert info.max_length == 4
-    if folder == "now100k_precomp":
-        check_split(dataset, "train", "train", 4)
-        check_split(dataset, "val", "dev", 3)
-        check_split(dataset, "test", "test", 2)
-    else:
-        assert dataset.split("test").caption(1, ("tokens",))["tokens"].tolist() == [1, 6, 11, 2]
-
-
 def test_max_length(tmp_path):
     write_release(tmp_path / "manual", "f30k")
     longest = max(len(c) for c in CAPTION_IDS)
@@ -479,3 +462,222 @@ def test_splits_larger_than_the_tfds_sort_buffer_need_no_tensorflow(tmp_path, mo
     assert [source.caption(k, ("tokens",))["tokens"][1] for k in range(60)] == [
         expected_ids("f30k", "train", k)[1] for k in range(60)
     ]
+
+
+# ---------------------------------------------------------------- NoW (PC2's Noise of Web)
+
+NOW_SIZES = {"train": 4, "dev": 3, "test": 2}
+# Per tokenizer: its vocabulary's <start> and <end> ids and its size (the JSON idx, which
+# differs from len(word2idx), as in the release), and the first id of its captions.
+NOW_VOCABS = {"bpe": (1, 2, 60, 10), "bert": (5, 7, 90, 30), "jieba": (2, 1, 120, 50)}
+
+
+def now_caption(tokenizer, prefix, k):
+    """The token ids of line ``k`` of ``{prefix}_caps_{tokenizer}.txt``."""
+    *_, size, base = NOW_VOCABS[tokenizer]
+    if prefix == "dev" and k == 1:
+        return []  # an empty line: a caption of no tokens
+    if prefix == "train" and k == 3:
+        return [size - 1, 0]  # the largest id of the vocabulary, and <pad>'s, as given
+    return [base + k, 4, base + len(prefix) + k]
+
+
+def now_line(ids, k):
+    """``ids`` in the formats of the release: plain, with empty fields (leading, doubled,
+    trailing), or with spaces and a Windows line end."""
+    text = [str(i) for i in ids]
+    if k % 3 == 1:
+        return "," + ",,".join(text) + ",\n"
+    if k % 3 == 2:
+        return ", ".join(text) + ", \r\n"
+    return ",".join(text) + "\n"
+
+
+def write_now(root, folder="now100k_precomp"):
+    """Writes a tiny NoW release in its real layout (README: ``h5100k_precomp/``): for
+    each split ``{prefix}_ims.npy`` ``[n, 36, 768]``, ``{prefix}_ids.txt`` and
+    ``{prefix}_caps_{bpe,bert,jieba}.txt``, and ``vocab/now100k_precomp_vocab_{tok}.json``.
+    Returns the folder."""
+    folder = os.path.join(root, folder)
+    os.makedirs(folder)
+    os.makedirs(os.path.join(root, "vocab"))
+    for prefix, n in NOW_SIZES.items():
+        np.save(os.path.join(folder, f"{prefix}_ims.npy"), features(prefix, n, 768, 1))
+        with open(os.path.join(folder, f"{prefix}_ids.txt"), "w") as f:
+            f.writelines(f"{400_000 + 7 * k}\n" for k in range(n))
+        for tokenizer in NOW_VOCABS:
+            lines = [now_line(now_caption(tokenizer, prefix, k), k) for k in range(n)]
+            if prefix == "dev":
+                lines[1] = "\n"
+            with open(os.path.join(folder, f"{prefix}_caps_{tokenizer}.txt"), "w") as f:
+                f.writelines(lines)
+    for tokenizer, (start, end, size, _) in NOW_VOCABS.items():
+        word2idx = {"<pad>": 0, "<start>": start, "<end>": end, "<unk>": 3, "网页": 4}
+        data = {
+            "word2idx": word2idx,
+            "idx2word": {str(i): w for w, i in word2idx.items()},
+            "idx": size,
+        }
+        write_json(os.path.join(root, "vocab", f"now100k_precomp_vocab_{tokenizer}.json"), data)
+    return folder
+
+
+def now_config(tmp_path, **overrides):
+    """NoW's default ``data`` section (``data.val_images`` included) on ``tmp_path``."""
+    cfg = precomp.default_config("now")
+    cfg.manual_dir = str(tmp_path / "manual")
+    cfg.data_dir = str(tmp_path / "prepared")
+    for key, value in overrides.items():
+        cfg[key] = value
+    return cfg
+
+
+def test_now_defaults():
+    """Jieba tokens (the main table); the dev split validated whole, unlike F30K/COCO's
+    first 1000 images; no synthetic noise, as on CC152K (the pairs are noisy already)."""
+    from ncljax.train import presets
+
+    cfg = precomp.default_config("now")
+    assert (cfg.tokenizer, cfg.val_images) == ("jieba", 0)
+    assert precomp.default_config("f30k").val_images == 1000
+    assert precomp.default_config("coco").val_images == 1000
+    assert presets.PRECOMP_NOISE["now"] is presets.PRECOMP_NOISE["cc152k"] is None
+    for dataset in ("now", "cc152k"):
+        preset = presets.start(dataset)
+        assert (preset.noise.kind, preset.noise.rate) == ("none", 0.0)
+    data = presets.start("now").data
+    assert (data.name, data.tokenizer, data.val_images) == ("now", "jieba", 0)
+
+
+@pytest.mark.parametrize("folder", ["now100k_precomp", "h5100k_precomp", "data/h5100k_precomp"])
+def test_now_release_in_either_folder_with_each_tokenizer(tmp_path, folder):
+    write_now(tmp_path / "manual", folder)
+    for tokenizer in ("jieba", "bpe", "bert"):
+        # jieba by default; the images are prepared once for all three.
+        cfg = (
+            now_config(tmp_path)
+            if tokenizer == "jieba"
+            else now_config(tmp_path, tokenizer=tokenizer)
+        )
+        dataset = load(cfg)
+        start, end, size, _ = NOW_VOCABS[tokenizer]
+        info = dataset.info
+        assert (info.name, info.num_regions, info.region_dim) == ("now", 36, 768)
+        assert info.captions_per_image == 1
+        assert info.vocab_size == size  # the JSON idx, not len(word2idx) = 5
+        vocab = dataset.vocabulary()
+        assert (vocab.size, vocab.start, vocab.end) == (size, start, end)
+        assert vocab.source == f"now100k_precomp_vocab_{tokenizer}.json"
+        # The whole dev split (val_images 0 by default): 3 images.
+        assert info.split_sizes == {"train": (4, 4), "val": (3, 3), "test": (2, 2)}
+        assert info.max_length == 5  # <start>, 3 ids, <end>
+        for split, prefix in (("train", "train"), ("val", "dev"), ("test", "test")):
+            source = dataset.split(split)
+            ims = features(prefix, NOW_SIZES[prefix], 768, 1)
+            for k in range(NOW_SIZES[prefix]):
+                np.testing.assert_array_equal(source.image(k, ("regions",))["regions"], ims[k])
+                caption = source.caption(k, ("tokens", "length"))
+                ids = [start, *now_caption(tokenizer, prefix, k), end]
+                assert caption["length"] == len(ids)
+                assert caption["tokens"].tolist() == ids + [0] * (5 - len(ids))
+    prepared = sorted(os.listdir(tmp_path / "prepared" / "now100k_precomp"))
+    assert prepared == [".config", "captions_bert", "captions_bpe", "captions_jieba", "images"]
+
+
+def test_now_without_its_folder_names_both_names(tmp_path):
+    os.makedirs(tmp_path / "manual" / "NoW")  # extracted under another name
+    with pytest.raises(FileNotFoundError) as info:
+        load(now_config(tmp_path))
+    message = str(info.value)
+    manual = str(tmp_path / "manual")
+    for folder in ("now100k_precomp", "h5100k_precomp"):
+        assert os.path.join(manual, folder, "train_ims.npy") in message
+        assert os.path.join(manual, "data", folder, "train_ims.npy") in message
+    assert "train_ims.npy (in now100k_precomp/ or h5100k_precomp/) not found" in message
+    assert "<manual_dir>/now100k_precomp/ (or h5100k_precomp/)" in message
+    assert "train_caps_jieba.txt" in message and "[n_img, 36, 768]" in message
+    assert "huggingface.co/datasets/NJUyued/NoW" in message
+
+
+def remove_bert_captions(folder):
+    os.remove(os.path.join(folder, "test_caps_bert.txt"))
+
+
+def remove_bert_vocab(folder):
+    os.remove(os.path.join(folder, "..", "vocab", "now100k_precomp_vocab_bert.json"))
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "file", "parts"),
+    [
+        (remove_bert_captions, "test_caps_bert.txt", ["not found", "test_caps_bert.txt"]),
+        (
+            remove_bert_vocab,
+            "now100k_precomp_vocab_bert.json",
+            ["not found", "<manual_dir>/vocab/now100k_precomp_vocab_bert.json (required)"],
+        ),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_now_missing_files_of_the_tokenizer(tmp_path, corrupt, file, parts):
+    corrupt(write_now(tmp_path / "manual", "h5100k_precomp"))
+    with pytest.raises(FileNotFoundError) as info:
+        load(now_config(tmp_path, tokenizer="bert"))
+    message = str(info.value)
+    assert file in message and "NJUyued/NoW" in message
+    for part in parts:
+        assert part in message
+
+
+def rewrite(folder, name, text):
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(text)
+
+
+def non_integer_field(folder):
+    rewrite(folder, "dev_caps_jieba.txt", "50,4\n51,4x,52\n53\n")
+
+
+def id_outside_the_vocabulary(folder):
+    rewrite(folder, "test_caps_jieba.txt", "50\n51,,120\n")
+
+
+def region_features_of_another_benchmark(folder):
+    np.save(os.path.join(folder, "test_ims.npy"), features("test", 2, 2048, 1))
+
+
+def one_caption_too_many(folder):
+    with open(os.path.join(folder, "train_caps_jieba.txt"), "a") as f:
+        f.write("50,51\n")
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "file", "parts"),
+    [
+        (non_integer_field, "dev_caps_jieba.txt", ["line 2", "field '4x' is not an integer"]),
+        (
+            id_outside_the_vocabulary,
+            "test_caps_jieba.txt",
+            ["line 2 holds token id 120 outside the vocabulary [0, 120)", "same tokenizer"],
+        ),
+        (
+            region_features_of_another_benchmark,
+            "test_ims.npy",
+            ["shape [2, 36, 2048], expected [n_img, 36, 768]"],
+        ),
+        (one_caption_too_many, "train_caps_jieba.txt", ["5 captions", "1 x 4 images"]),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_malformed_now_files_fail_before_the_images_are_prepared(tmp_path, corrupt, file, parts):
+    corrupt(write_now(tmp_path / "manual"))
+    with pytest.raises(ValueError) as info:
+        load(now_config(tmp_path))
+    message = str(info.value)
+    assert os.path.join("now100k_precomp", file) in message and "is malformed" in message
+    for part in parts:
+        assert part in message
+    assert "Expected layout" in message
+    assert "download the NoW dataset on HuggingFace" in message and "again" in message
+    images = precomp.Now100kPrecomp(config="images", data_dir=str(tmp_path / "prepared"))
+    assert not images.is_prepared()
