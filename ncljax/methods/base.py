@@ -9,17 +9,25 @@ A method never touches parameters, optimisers, data loading or devices; the trai
 (``ncljax.train``) composes its functions into one jitted ``train_step`` and runs each
 epoch as its ``EpochPlan`` says.
 
-1. ``forward_fn(model, batch, memory_state, *, train, rngs, phase) -> outputs`` runs the
-   model (default: ``model(batch)``), so a method can ask for extra forward passes (e.g.
-   the confident-set embeddings of UOT-RCL, the intra-modal similarities of GSC).
+1. ``forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None) -> outputs``
+   runs the model (default: ``model(batch)``), so a method can ask for extra forward
+   passes (e.g. the confident-set embeddings of UOT-RCL, the intra-modal similarities of
+   GSC, PC2's pseudo-captions from the main batch). In a train step ``ctx`` is the
+   update's ``LossContext`` (which holds the step's other batches); in the statistics
+   pass it is ``None``.
 2. ``loss_fn(outputs, batch, rows, peer_rows, ctx) -> (per_example_loss [B], aux)``:
    ``rows`` are this network's per-sample memory rows gathered at ``batch['index']``,
    ``peer_rows`` those of its peer (the other network of a pair; with one network
-   ``peer_rows is rows``). ``aux`` may hold:
+   ``peer_rows is rows``; ``ctx.peer_rows`` holds the peer's rows at each of the
+   step's batches). ``aux`` may hold:
 
    * ``metrics``: per-example values ``[B]`` to average and log;
    * ``memory``: per-example rows to write back into ``memory.samples`` at
      ``batch['index']`` (padding rows are never written);
+   * ``memory_at``: ``(index [M], rows)``: rows written into ``memory.samples`` at
+     explicit indices after ``memory`` (an index outside ``[0, N)`` is dropped; the
+     method keeps the indices of one write distinct), e.g. a method that reproduces a
+     reference code's writes at other keys;
    * ``clean_estimate`` (``[B]`` in ``[0, 1]``) or ``clean_estimates`` (a dict of them,
      e.g. one per retrieval direction): the method's per-pair beliefs that a pair is
      clean, each scored against the true mask (precision and recall of ``> 0.5``) in
@@ -29,7 +37,11 @@ epoch as its ``EpochPlan`` says.
      noisy pairs among those ``> 0.5``) and ``step_noisy_recall_<name>`` (the share of the
      truly noisy pairs found), logs only;
    * ``loss_weight`` (``[B]``, >= 0): how much each pair counts in the loss (a soft
-     label, a margin, a mask); the logs report the share of it on truly noisy pairs.
+     label, a margin, a mask); the logs report the share of it on truly noisy pairs;
+   * ``pseudo_caption_index`` (int ``[B]``): for each pair, the row of the step's main
+     batch whose caption replaced its own (PC2's pseudo-captions); the logs report
+     ``pseudo_caption_accuracy``, the share of real pairs whose borrowed caption has the
+     class of the pair's image, where the dataset has classes (logs only).
 
    The trainer averages the per-example loss over the real pairs of the global batch
    (``loss_reduction='mean'``) or sums it (``'sum'``: the reference code of VSE++/NCR,
@@ -73,6 +85,13 @@ zero-gradient Adam step would). Batches are padded to the global size with maske
 copies; padding reaches no loss, no memory row and no BatchNorm statistic. A pass ends
 early at the first step whose main or (non-empty) auxiliary batch has fewer than
 ``min_batch`` real pairs (NCR stops at a batch of one, which BatchNorm cannot take).
+
+Method heads: a method may own modules trained with its network (PC2's
+pseudo-classifier): ``heads_fn(info, rngs) -> {name: nnx.Module}`` builds them for the
+dataset ``info``; the trainer attaches them to every network's model as
+``model.method_heads[name]`` (after the backbone, so the backbone initialises as without
+them), where the method's ``forward_fn`` calls them. They are parameters of the network
+like any other: optimised, vmapped over the networks and checkpointed with it.
 
 Per-sample memory lives in ``TrainState`` as ``Memory(samples, state)``: ``samples``
 leaves have a leading ``[N]`` axis and are gathered/scattered by ``index``; ``state``
@@ -139,6 +158,9 @@ class LossContext(NamedTuple):
       rng: a key for this step, network and update.
       update: which of the step's sequential updates this is (a python int; 0 first).
       prepared: the result of the method's ``prepare_fn`` for this step (or ``None``).
+      batches: all of the step's batches (main first), so that an update can read the
+        others (PC2's pseudo-caption update reads the main batch's captions).
+      peer_rows: the peer's memory rows gathered at each of ``batches`` (aligned).
     """
 
     step: Array
@@ -149,6 +171,8 @@ class LossContext(NamedTuple):
     rng: Array
     update: int = 0
     prepared: PyTree = None
+    batches: tuple = ()
+    peer_rows: tuple = ()
 
 
 class RefreshContext(NamedTuple):
@@ -219,8 +243,8 @@ class Streams(NamedTuple):
     aux: Any = None
 
 
-def default_forward(model, batch, memory_state, *, train, rngs, phase):
-    del memory_state, phase
+def default_forward(model, batch, memory_state, *, train, rngs, phase, ctx=None):
+    del memory_state, phase, ctx
     return model(batch, train=train, rngs=rngs)
 
 
@@ -258,6 +282,8 @@ class Method(NamedTuple):
       streams_fn: ``(memory, epoch, network) -> Streams``, or ``None`` (all pairs).
       prepare_fn: ``(model, peer, batches, ctx) -> pytree``, or ``None``.
       loss_reduction: ``'mean'`` (over the real pairs of the global batch) or ``'sum'``.
+      heads_fn: ``(info, rngs) -> {name: nnx.Module}``, the method's own heads (see
+        "Method heads"), or ``None``.
     """
 
     name: str
@@ -276,6 +302,7 @@ class Method(NamedTuple):
     streams_fn: Callable[[Memory, int, int | None], Streams] | None = None
     prepare_fn: Callable[..., PyTree] | None = None
     loss_reduction: str = "mean"
+    heads_fn: Callable[..., dict] | None = None
 
 
 def empty_memory(ctx: InitContext) -> Memory:

@@ -127,8 +127,8 @@ def gsc(
         ones = jnp.ones(ctx.num_samples, jnp.float32)
         return base.Memory(samples={name: ones for name in _BUFFERS}, state={})
 
-    def forward_fn(model, batch, memory_state, *, train, rngs, phase):
-        del memory_state
+    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
+        del memory_state, ctx
         outputs = model(batch, train=train, rngs=rngs)
         if train and needs_intra(phase):
             outputs["sim_image"], outputs["sim_text"] = intra_similarities(

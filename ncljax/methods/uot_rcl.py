@@ -140,7 +140,8 @@ def uot_rcl(
             },
         )
 
-    def forward_fn(model, batch, memory_state, *, train, rngs, phase):
+    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
+        del ctx
         outputs = model(batch, train=train, rngs=rngs)
         if train and phase == _MAIN and anchors == "current":
             anchor_image = model.encode_image({"global_image": memory_state["anchors_image"]})

@@ -97,9 +97,11 @@ class RetrievalModel(nnx.Module):
             return {"emb": emb, "words": words, "mask": mask}
         return {"emb": self.text_encoder(batch["global_text"])}
 
-    def similarity(self, image: dict, text: dict) -> jax.Array:
+    def similarity(self, image: dict, text: dict, *, train: bool = False) -> jax.Array:
         """``[n_img, n_txt]`` similarity of encoded images and captions (with views:
-        ``[W, n_img, n_txt]``)."""
+        ``[W, n_img, n_txt]``). ``train`` is accepted for the SGRAF model's signature; the
+        cosine head has nothing that trains differently."""
+        del train
         if self.num_views == 1:
             return heads.cosine_similarity(image["emb"], text["emb"])
         return jnp.stack(
@@ -126,16 +128,25 @@ def input_fields(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return image, text
 
 
-def build_model(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
+def build_model(cfg, info, rngs: nnx.Rngs, heads_fn=None) -> nnx.Module:
     """Builds the model described by the ``model`` config section for dataset ``info``.
 
     ``model.head``: ``'cosine'`` (encoders of ``image_input``/``text_input`` and a cosine
     head) or ``'sgr'``/``'saf'`` (the SGRAF model over region features and tokens), with
-    ``model.views`` image views.
+    ``model.views`` image views. ``heads_fn(info, rngs) -> {name: module}`` (a method's
+    ``heads_fn``) adds the method's own heads as ``model.method_heads``, built after the
+    backbone so that the backbone's initialisation does not depend on them.
 
     Raises:
       ValueError: for an input the dataset does not provide, or an unknown option.
     """
+    model = _build_backbone(cfg, info, rngs)
+    if heads_fn is not None:
+        model.method_heads = nnx.Dict(heads_fn(info, rngs))
+    return model
+
+
+def _build_backbone(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
     if cfg.head in ("sgr", "saf"):
         return _build_sgraf(cfg, info, rngs)
     if cfg.head != "cosine":

@@ -46,7 +46,9 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
     dataset = sources.load_dataset(config.data)
     method = methods.build_method(config.method, config.method_kwargs, config.model)
     graphdef, state = state_lib.create(
-        model_fn=lambda rngs: models.build_model(config.model, dataset.info, rngs),
+        model_fn=lambda rngs: models.build_model(
+            config.model, dataset.info, rngs, heads_fn=method.heads_fn
+        ),
         tx=optax.identity(),  # only the model is restored
         memory=method.init_memory(InitContext(1, dataset.info, None, None)),
         num_networks=method.num_networks,

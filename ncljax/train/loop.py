@@ -105,7 +105,9 @@ def train_and_evaluate(
         pairs.num_records, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim
     )
     graphdef, state = state_lib.create(
-        model_fn=lambda rngs: models.build_model(config.model, info, rngs),
+        model_fn=lambda rngs: models.build_model(
+            config.model, info, rngs, heads_fn=method.heads_fn
+        ),
         tx=tx,
         memory=method.init_memory(init),
         num_networks=method.num_networks,

@@ -103,8 +103,9 @@ def noise_detection_metrics(
     }
 
 
-def _diagnostic_metrics(aux: dict, batch: dict, clean: jax.Array) -> Metrics:
-    """The method's per-pair clean estimates and loss weights scored against the truth."""
+def _diagnostic_metrics(aux: dict, batch: dict, clean: jax.Array, main=None) -> Metrics:
+    """The method's per-pair clean estimates and loss weights scored against the truth
+    (``main``: the step's main batch, whose captions an update may borrow)."""
     index, mask = batch["index"], batch["mask"]
     truth = jnp.take(clean, index, mode="clip")
     metrics = {}
@@ -119,6 +120,14 @@ def _diagnostic_metrics(aux: dict, batch: dict, clean: jax.Array) -> Metrics:
         weight = jnp.where(mask, aux["loss_weight"], 0.0)
         noisy = jnp.where(truth, 0.0, weight).sum()
         metrics["noisy_weight_share"] = jnp.stack([noisy, weight.sum()])
+    if "pseudo_caption_index" in aux and main is not None:
+        # The class of the borrowed caption against the class of the pair's image.
+        borrowed = jnp.take(main["label_text"], aux["pseudo_caption_index"], mode="clip")
+        image_class = batch["label_image"]
+        known = mask & (image_class >= 0) & (borrowed >= 0)
+        metrics["pseudo_caption_accuracy"] = masked_metric(
+            (borrowed == image_class).astype(jnp.float32), known
+        )
     return metrics
 
 
@@ -160,6 +169,7 @@ def make_train_step(
             train=True,
             rngs=nnx.Rngs(dropout=dropout_key),
             phase=ctx.phase,
+            ctx=ctx,
         )
         per_example, aux = method.loss_fn(
             outputs, batch, rows, peer_rows, ctx._replace(rng=loss_key)
@@ -180,7 +190,11 @@ def make_train_step(
         memory_state); ``peer``: (params, model_state, samples) of its peer."""
         params, model_state, opt_state, samples, memory_state = net
         peer_params, peer_model_state, peer_samples = peer
-        ctx = ctx._replace(network=network)
+        ctx = ctx._replace(
+            network=network,
+            batches=batches,
+            peer_rows=tuple(_gather_rows(peer_samples, b["index"]) for b in batches),
+        )
         ctx = ctx._replace(
             prepared=prepare(params, model_state, peer_params, peer_model_state, batches, ctx)
         )
@@ -202,7 +216,9 @@ def make_train_step(
             updates, new_opt_state = tx.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             written = _valid_rows(aux.get("memory", {}), mask)
+            at_index, at_rows = aux.get("memory_at", (None, {}))
             ok &= _finite(batch) & jnp.isfinite(loss) & _finite(grads) & _finite(written)
+            ok &= _finite(at_rows)
             # A zero-gradient Adam step still moves the parameters: no real pair, no step.
             real = mask.any()
             moved = lambda new, old, real=real: jax.tree.map(
@@ -213,11 +229,14 @@ def make_train_step(
             opt_state = moved(new_opt_state, opt_state)
             if written:
                 samples = _scatter_rows(samples, jnp.where(mask, index, num_samples), written)
+            if at_rows:
+                at_index = jnp.where(real, at_index, num_samples)  # no real pair: no write
+                samples = _scatter_rows(samples, at_index, at_rows)
             step_metrics = {"loss": masked_metric(per_example, mask)}
             for name, values in aux.get("metrics", {}).items():
                 step_metrics[name] = masked_metric(values, mask)
             if clean is not None:
-                step_metrics |= _diagnostic_metrics(aux, batch, clean)
+                step_metrics |= _diagnostic_metrics(aux, batch, clean, batches[0])
             for name, value in step_metrics.items():
                 metrics[f"{name}_update{u}" if name in metrics else name] = value
         return (params, model_state, opt_state, samples), ok, metrics
