@@ -1,9 +1,12 @@
-r"""NCR throughput: the co-training step with the SGR head, and whole epochs on synthetic data.
+r"""NCR and PC2 throughput: co-training steps with the SGR head, whole epochs on synthetic
+data, and PC2's per-epoch bank and oscillation GMM.
 
   python benchmarks/ncr_throughput.py step --phase=2 --batch=128      # clean + noisy updates
   python benchmarks/ncr_throughput.py step --phase=1 --batch=128      # clean update only
   python benchmarks/ncr_throughput.py step --phase=0 --batch=128      # warm-up step
-  python benchmarks/ncr_throughput.py epoch --config=ncr              # also: gsc, vse
+  python benchmarks/ncr_throughput.py step --method=pc2 --phase=2     # clean + pseudo-caption
+  python benchmarks/ncr_throughput.py epoch --config=ncr              # also: pc2, gsc, vse
+  python benchmarks/ncr_throughput.py refresh --method=pc2 --pairs=145000   # also: ncr
 
 ``step``: real Flickr30K shapes with random inputs (36 x 2048 regions, 300-d words, Bi-GRU
 1024, similarity vectors 256, 3 SGR steps, captions of ``--length`` tokens with valid
@@ -12,8 +15,13 @@ against its frozen peer (Adam 2e-4, clipping 2.0). Phase 2 is NCR's co-training 
 after ``noisy_start_epoch``: a no-grad eval-mode pass (the network on the clean and the
 noisy batch, the peer on the noisy batch) then two sequential updates (clean, then
 noisy); phase 1 makes the clean update only (and skips the noisy predictions); phase 0 is
-the warm-up step. Median pairs/s (pairs of the clean batch per step) over ``--repeats``
-steps after a compiling warm-up, and the process's peak RSS.
+the warm-up step. ``--method=pc2``: the same with PC2's pseudo-classifier (``K = 128``,
+hidden 256: 36 x 1024 inputs, 9.4M parameters per network); phase 2 is its clean update
+then the pseudo-caption update (both batches forwarded again in train mode, each noisy
+image against its borrowed clean caption), phase 1 the clean update, phase 0 the warm-up
+(ranking plus pseudo-classification, bank writes). Median pairs/s (pairs of the clean
+batch per step) over ``--repeats`` steps after a compiling warm-up, and the process's peak
+RSS.
 
 ``epoch``: wall time of whole epochs of ``train_and_evaluate`` on the embedded synthetic
 data (20,000 pairs, 40% per-caption noise, region encoder + Bi-GRU + cosine head, batch
@@ -21,7 +29,13 @@ data (20,000 pairs, 40% per-caption noise, region encoder + Bi-GRU + cosine head
 networks, then each network's pass over its peer's clean set), ``gsc`` (GSC+, both
 networks together under vmap) and ``vse`` (one network). Time from the start of the run
 to the end of each epoch's validation (``callbacks``); the first epoch includes
-compilation, so the second is the figure.
+compilation, so the second is the figure. ``pc2``: no warm-up, pseudo-captions from the
+first epoch (co-divide pass with the image predictions, both GMMs, each network's pass).
+
+``refresh``: the per-epoch host step after the statistics pass, on ``--pairs`` pairs (145,000
+is Flickr30K's training set) of random statistics: NCR's loss GMM, or PC2's loss GMM, the
+prediction oscillation against the ``[N, 128]`` bank and its GMM, and the bank update.
+Median seconds over ``--repeats`` calls after a compiling one, and the bank's size.
 """
 
 import argparse
@@ -39,11 +53,14 @@ set_cpu_devices(sys.argv)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from ncljax import methods  # noqa: E402
-from ncljax.methods import InitContext, Memory, ncr  # noqa: E402
+from ncljax.methods import InitContext, Memory, RefreshContext, ncr  # noqa: E402
 from ncljax.models import sgraf  # noqa: E402
+from ncljax.train import config as config_lib  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
+from ncljax.train import presets  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
@@ -63,15 +80,29 @@ def random_batch(rng, n, length, offset=0):
     }
 
 
+class _Info:
+    num_regions = 36  # what the pseudo-classifier's input size reads
+
+
+def _method(name):
+    model_config = presets.use_sgraf(config_lib.base_config()).model
+    return methods.build_method(name, {}, model_config=model_config)
+
+
+def _model(args, method, rngs):
+    model = sgraf.SGRAFModel(2048, VOCAB, chunk=args.chunk, remat=args.remat, rngs=rngs)
+    if method.heads_fn is not None:
+        model.method_heads = nnx.Dict(method.heads_fn(_Info, rngs))
+    return model
+
+
 def step(args):
     rng = np.random.default_rng(0)
-    method = methods.build_method("ncr")
+    method = _method(args.method)
     tx = optax.chain(optax.clip_by_global_norm(2.0), optax.adam(2e-4))
     n = 2 * args.batch
     graphdef, state = state_lib.create(
-        model_fn=lambda rngs: sgraf.SGRAFModel(
-            2048, VOCAB, chunk=args.chunk, remat=args.remat, rngs=rngs
-        ),
+        model_fn=lambda rngs: _model(args, method, rngs),
         tx=tx,
         memory=method.init_memory(InitContext(n, None, None, None)),
         num_networks=2,
@@ -102,14 +133,13 @@ def step(args):
     t = statistics.median(times)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(
-        f"step phase={args.phase} updates={len(updates)} batch={args.batch} "
+        f"step method={args.method} phase={args.phase} updates={len(updates)} batch={args.batch} "
         f"length={args.length}: {t:.2f} s/step median ({min(times):.2f}-{max(times):.2f}), "
         f"{args.batch / t:.1f} pairs/s, peak RSS {rss:.1f} GiB"
     )
 
 
 def epoch(args):
-    from ncljax.train import config as config_lib
     from ncljax.train import train_and_evaluate
 
     def load(name, arg):
@@ -119,6 +149,10 @@ def epoch(args):
         config = load("ncr", "synthetic")
         config.method_kwargs.warmup_epochs = 0
         config.method_kwargs.noisy_start_epoch = 0
+    elif args.config == "pc2":
+        config = load("pc2", "synthetic")
+        config.method_kwargs.warmup_epochs = 0
+        config.method_kwargs.pseudo_start_epoch = 0
     else:
         config = load(args.config, "synthetic")
     config.train.epochs = args.epochs
@@ -139,9 +173,41 @@ def epoch(args):
     )
 
 
+def refresh(args):
+    rng = np.random.default_rng(0)
+    method = _method(args.method)
+    n = args.pairs
+    memory = method.init_memory(InitContext(n, None, None, None))
+    loss = np.concatenate([rng.normal(0.1, 0.03, n - n // 3), rng.normal(0.5, 0.1, n // 3)])
+    stats = {"loss": jax.numpy.asarray(loss, np.float32)}
+    if args.method == "pc2":
+        logits = rng.normal(size=(n, 128)).astype(np.float32)
+        stats["pred"] = jax.nn.softmax(jax.numpy.asarray(logits), axis=-1)
+        bank = jax.nn.softmax(jax.numpy.asarray(logits + rng.normal(size=logits.shape)), -1)
+        samples = dict(memory.samples, bank=bank, bank_valid=np.ones(n, np.float32))
+        memory = Memory(samples, memory.state)
+    jax.block_until_ready(stats)
+    ctx = RefreshContext(1, 10, 0, jax.random.key(0), None)
+
+    def run():
+        new, diagnostics = method.refresh_fn(memory, stats, ctx)
+        jax.block_until_ready((new, diagnostics))
+
+    times = timed(run, warmup=1, repeats=args.repeats)
+    t = statistics.median(times)
+    bank = memory.samples.get("bank")
+    size = 0 if bank is None else bank.size * bank.dtype.itemsize / 2**20
+    print(
+        f"refresh method={args.method} pairs={n}: {t:.3f} s median "
+        f"({min(times):.3f}-{max(times):.3f}), bank {size:.1f} MiB per network"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["step", "epoch"])
+    parser.add_argument("mode", choices=["step", "epoch", "refresh"])
+    parser.add_argument("--method", default="ncr", choices=["ncr", "pc2"])
+    parser.add_argument("--pairs", type=int, default=145000)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--phase", type=int, default=ncr.CLEAN_NOISY)
     parser.add_argument("--batch", type=int, default=128)
@@ -149,11 +215,11 @@ def main():
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--no-remat", dest="remat", action="store_false")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--config", default="ncr", choices=["ncr", "gsc", "vse"])
+    parser.add_argument("--config", default="ncr", choices=["ncr", "pc2", "gsc", "vse"])
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
     print(f"# {machine()}")
-    {"step": step, "epoch": epoch}[args.mode](args)
+    {"step": step, "epoch": epoch, "refresh": refresh}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ the wall time. The runs (all: region encoder + Bi-GRU + cosine head, Adam 1e-3, 
 * ``gsc``: ``configs/quickstart.py`` (single-network GSC);
 * ``srem``: ``configs/srem.py:synthetic`` (2 warm-up + 10 main epochs);
 * ``ugncl``: ``configs/ugncl.py:synthetic`` (two image views, 2 warm-up + 10 epochs);
+* ``pc2``: ``configs/pc2.py:synthetic`` (2 warm-up + 10 co-training epochs, pseudo-captions
+  from co-training epoch 5);
 * ``vse``: ``configs/vse.py:synthetic`` (VSE++, hardest negatives);
 * ``infonce``: the same config with the symmetric InfoNCE loss (temperature 0.07).
 
@@ -28,7 +30,7 @@ from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = ("ncr", "gsc", "srem", "ugncl", "vse", "infonce")
+RUNS = ("ncr", "gsc", "srem", "ugncl", "pc2", "vse", "infonce")
 
 
 def load_config(name, arg=""):

@@ -98,6 +98,8 @@ def _shrink(config, tmp_path):
         kwargs.warmup_epochs = 0  # the epoch reaches the method's own loss
     if "noisy_start_epoch" in kwargs:
         kwargs.noisy_start_epoch = 0
+    if "pseudo_start_epoch" in kwargs:  # PC2: both updates in the one epoch
+        kwargs.pseudo_start_epoch = 0
     if "neighbours" in kwargs:
         kwargs.neighbours = 3
     config.train.epochs, config.train.num_devices, config.train.progress_bar = 1, 1, False

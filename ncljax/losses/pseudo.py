@@ -44,7 +44,11 @@ def _real_rows(logits: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def pseudo_label_cross_entropy(
-    image_logits: ArrayLike, text_logits: ArrayLike, *, where: ArrayLike | None = None
+    image_logits: ArrayLike,
+    text_logits: ArrayLike,
+    *,
+    where: ArrayLike | None = None,
+    center_targets: bool = False,
 ) -> jax.Array:
     r"""Cross-entropy of the image prediction against the caption's hard pseudo-label (Eq. 2).
 
@@ -60,10 +64,17 @@ def pseudo_label_cross_entropy(
     cross-entropy (image argmax as the caption's label) is computed there but never added to
     the loss, so it is absent here.
 
+    ``center_targets=True`` (not in the paper or the code) takes the argmax of the caption
+    logits minus their mean over the batch's real captions, :math:`\hat q_i = \arg\max_k
+    (t_{ik} - \frac1n \sum_j t_{jk})`: a class that every caption favours (e.g. through the
+    output bias) does not become every pair's label, so the labels stay sample-dependent (the
+    centering of DINO's teacher, applied to the hard label).
+
     Args:
       image_logits: ``[B, K]`` pseudo-classifier logits of the images (gradient flows).
       text_logits: ``[B, K]`` logits of the captions (no gradient).
       where: optional bool ``[B]``, the real pairs.
+      center_targets: centre the caption logits on the batch before the argmax.
 
     Returns:
       ``[B]`` per-example cross-entropy (>= 0), 0 at padding.
@@ -80,7 +91,11 @@ def pseudo_label_cross_entropy(
             f"got {text_logits.shape}"
         )
     valid = _valid(image_logits.shape[0], where)
-    target = jnp.argmax(_SG(_real_rows(text_logits, valid)), axis=1)
+    text_logits = _SG(_real_rows(text_logits, valid))
+    if center_targets:
+        count = jnp.maximum(valid.sum(), 1).astype(text_logits.dtype)
+        text_logits = text_logits - text_logits.sum(0) / count  # padding rows are zero
+    target = jnp.argmax(text_logits, axis=1)
     log_p = jax.nn.log_softmax(_real_rows(image_logits, valid), axis=1)
     ce = -jnp.take_along_axis(log_p, target[:, None], axis=1)[:, 0]
     return jnp.where(valid, ce, 0.0)
@@ -153,6 +168,7 @@ def pseudo_classification_loss(
     entropy_weight: float = 10.0,
     entropy_mode: str = "code_sample",
     where: ArrayLike | None = None,
+    center_targets: bool = False,
 ) -> jax.Array:
     r"""The pseudo-classification objective of a clean (or warm-up) batch, per example.
 
@@ -168,6 +184,7 @@ def pseudo_classification_loss(
       entropy_weight: :math:`\lambda^{ent}` (10).
       entropy_mode: ``'code_sample'`` (default), ``'marginal'`` or ``'printed'``.
       where: optional bool ``[B]``, the real pairs.
+      center_targets: see :func:`pseudo_label_cross_entropy` (off: the paper and the code).
 
     Returns:
       ``[B]`` shares whose mean over the real pairs is :math:`\mathcal L`; 0 at padding.
@@ -175,6 +192,8 @@ def pseudo_classification_loss(
     References:
       Duan et al., ACM MM 2024, Eqs. 2, 3 and 10.
     """
-    ce = pseudo_label_cross_entropy(image_logits, text_logits, where=where)
+    ce = pseudo_label_cross_entropy(
+        image_logits, text_logits, where=where, center_targets=center_targets
+    )
     ent = prediction_entropy_loss(image_logits, mode=entropy_mode, where=where)
     return ce + entropy_weight * ent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 
-from ncljax.methods import baselines, gsc, ncr, srem, ugncl, uot_rcl
+from ncljax.methods import baselines, gsc, ncr, pc2, srem, ugncl, uot_rcl
 from ncljax.methods.base import (
     EpochPlan,
     InitContext,
@@ -25,6 +25,7 @@ REGISTRY: dict[str, Callable[..., Method]] = {
     "ncr": ncr.ncr,
     "srem": srem.srem,
     "ugncl": ugncl.ugncl,
+    "pc2": pc2.pc2,
 }
 
 # A factory parameter of this name is not a hyperparameter: the trainer passes the run's

@@ -114,7 +114,8 @@ def ncr(
     def init_memory(ctx: base.InitContext) -> base.Memory:
         ones = jnp.ones(ctx.num_samples, jnp.float32)
         zeros = jnp.zeros(ctx.num_samples, jnp.float32)
-        return base.Memory(samples={"prob": ones, "clean": ones, "loss": zeros}, state={})
+        samples = {"prob": ones, "clean": ones, "loss": zeros, "loss_raw": zeros}
+        return base.Memory(samples=samples, state={})
 
     def plan_fn(epoch: int) -> base.EpochPlan:
         if epoch < warmup_epochs:
@@ -181,7 +182,11 @@ def ncr(
     def refresh_fn(memory, stats, ctx):
         division = divide(stats["loss"])
         gmm = division.gmm
-        samples = dict(memory.samples, loss=division.normalised.astype(jnp.float32))
+        samples = dict(
+            memory.samples,
+            loss=division.normalised.astype(jnp.float32),
+            loss_raw=jnp.asarray(stats["loss"], jnp.float32),
+        )
         if bool(gmm.degenerate):
             # All losses equal: no two clusters, the posterior says nothing.
             logging.warning(
@@ -225,6 +230,9 @@ def ncr(
 
 def diagnostic_scores(memory: base.Memory) -> dict:
     """Per-pair scores for the logs: the GMM's clean probability ``prob`` (the division
-    the peer trains on) and ``1 - loss``, the min-max normalised co-divide loss."""
+    the peer trains on), ``1 - loss``, the min-max normalised co-divide loss, and
+    ``neg_loss``, the raw co-divide loss negated (its per-epoch means over clean and noisy
+    pairs are PC2's Fig. 2)."""
     s = memory.samples
-    return {"prob": s["prob"], "low_loss": 1.0 - s["loss"]}
+    neg_loss = -s["loss_raw"] if "loss_raw" in s else -s["loss"]  # runs before loss_raw
+    return {"prob": s["prob"], "low_loss": 1.0 - s["loss"], "neg_loss": neg_loss}

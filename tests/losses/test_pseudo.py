@@ -147,6 +147,37 @@ def test_cross_entropy_matches_oracle():
     np.testing.assert_allclose(got[0], -math.log(np_softmax(IMAGE[0])[1]), rtol=RTOL)
 
 
+def np_centered_cross_entropy(image, text, where):
+    """The centred variant: the argmax of each real caption's logits minus their mean over
+    the real captions (per class), looped."""
+    real = real_of(where)
+    k = len(text[real[0]])
+    mean = [sum(float(text[i][c]) for i in real) / len(real) for c in range(k)]
+    out = np.zeros(len(where))
+    for i in real:
+        target = np_first_argmax([float(text[i][c]) - mean[c] for c in range(k)])
+        out[i] = -math.log(np_softmax(image[i])[target])
+    return out
+
+
+def test_centred_targets_match_oracle_and_ignore_a_class_every_caption_favours():
+    image, text = make_logits(3)
+    text[WHERE] = np.nan_to_num(text[WHERE])
+    text[:, 4] += 40.0  # a bias-like class every caption favours: the plain labels are all 4
+    got = np.asarray(
+        pseudo.pseudo_label_cross_entropy(image, text, where=WHERE, center_targets=True)
+    )
+    want = np_centered_cross_entropy(image, text, WHERE)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    plain = np.asarray(pseudo.pseudo_label_cross_entropy(image, text, where=WHERE))
+    want_plain = [-math.log(np_softmax(image[i])[4]) for i in REAL]
+    np.testing.assert_allclose(plain[WHERE], want_plain, rtol=RTOL, atol=ATOL)
+    assert not np.allclose(got[WHERE], plain[WHERE])
+    total = pseudo.pseudo_classification_loss(image, text, where=WHERE, center_targets=True)
+    ent = pseudo.prediction_entropy_loss(image, where=WHERE)
+    np.testing.assert_allclose(total, got + 10.0 * np.asarray(ent), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_entropy_shares_match_oracle_and_average_to_the_objective(mode):
     got = losses()[mode]
