@@ -99,7 +99,7 @@ def _shrink(config, tmp_path):
     if "noisy_start_epoch" in kwargs:
         kwargs.noisy_start_epoch = 0
     if "pseudo_start_epoch" in kwargs:  # PC2: both updates in the one epoch
-        kwargs.pseudo_start_epoch = 0
+        kwargs.pseudo_start_epoch = kwargs.classification_start_epoch = 0
     if "neighbours" in kwargs:
         kwargs.neighbours = 3
     config.train.epochs, config.train.num_devices, config.train.progress_bar = 1, 1, False
