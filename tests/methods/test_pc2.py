@@ -668,7 +668,9 @@ def pc2_config(arg="synthetic,quick"):
 @pytest.mark.parametrize(
     "backbone",
     [
-        "global",
+        # global: in the default run through the notebook's test (quick runs of PC2 on
+        # global vectors, with every diagnostic the notebook reads)
+        pytest.param("global", marks=pytest.mark.slow),
         pytest.param("sgr", marks=pytest.mark.slow),
         pytest.param("saf", marks=pytest.mark.slow),
         pytest.param("regions", marks=pytest.mark.slow),
