@@ -12,9 +12,11 @@ spec, clean, network)``. ``spec`` (static) says how the step runs:
 Per network: the method's optional no-grad ``prepare_fn`` (eval mode, shared by the
 updates), then ``spec.updates`` sequential optimiser updates, update ``u`` on batch
 ``batches[spec.updates[u]]`` from the parameters the previous update produced: gather
-memory rows, forward, per-example losses masked and reduced over the *global* batch, one
-optimiser update, scatter memory rows. An update whose batch holds no real pair moves
-nothing. A step whose inputs, losses or gradients are not finite leaves the state
+memory rows, forward (the method's ``forward_fn`` gets the update's ``LossContext``, which
+holds every batch of the step, so an update can read the others), per-example losses
+masked and reduced over the *global* batch, one optimiser update, scatter memory rows (at
+the batch's indices, then any ``memory_at`` rows at theirs). An update whose batch holds
+no real pair moves nothing. A step whose inputs, losses or gradients are not finite leaves the state
 unchanged but for its step counter and records its step in ``state.nonfinite_step``;
 the host checks it on log steps and stops the run. Metrics are ``(sum, count)`` pairs.
 """
