@@ -51,6 +51,14 @@ pseudo-caption update by caption), ``noisy_margin_cutoff`` (0.5; ``None``: the p
 ``w_o >= tau``). The code's pseudo-captions resampled to the noisy batch's length (spec
 section 8 item 8) are a bug that is not reproduced.
 
+In neither source: ``classification_start_epoch`` and ``center_targets``. On a cosine head
+the paper's objective collapses the classifier to one class (a caption's embedding is
+aligned with its image's, so the caption's label is the image's own argmax, and at
+initialisation every caption gets the same one); starting the classification after the
+warm-up, with batch-centred caption labels and the marginal entropy, keeps the classes
+apart (``configs/pc2.py:synthetic``; measurements in ``benchmarks/RESULTS.md``). A refresh
+that finds one class for every pair logs a warning.
+
 Spec: ``pc2.md`` of the ncljax specs (sections 3 and 4).
 """
 
