@@ -129,7 +129,8 @@ class GRU(nnx.Module):
             return h, h
 
         h0 = jnp.zeros((x.shape[0], self.hidden), gates_x.dtype)
-        _, states = jax.lax.scan(step, h0, jnp.swapaxes(gates_x, 0, 1))
+        with jax.named_scope("gru"):  # profiles count the recurrent scan by this name
+            _, states = jax.lax.scan(step, h0, jnp.swapaxes(gates_x, 0, 1))
         return jnp.swapaxes(states, 0, 1)
 
 

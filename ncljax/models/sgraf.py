@@ -21,9 +21,12 @@ ncljax specs.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from ncljax.models import encoders
 
@@ -35,6 +38,22 @@ _INTRA_EPS = 1e-6  # GSC's intra-modal passes add it to squared differences / co
 def _linear(in_dim: int, out_dim: int, rngs: nnx.Rngs) -> nnx.Linear:
     """SGRAF's init: Xavier-uniform weights, zero bias."""
     return nnx.Linear(in_dim, out_dim, kernel_init=_XAVIER, rngs=rngs)
+
+
+def _matmul(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """``einsum`` with operands in the compute ``dtype`` and float32 accumulation/result."""
+    if dtype is None or jnp.dtype(dtype) == jnp.float32:
+        return jnp.einsum(subscripts, a, b)
+    return jnp.einsum(
+        subscripts, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32
+    )
+
+
+def _dense(layer: nnx.Linear, x: jax.Array, dtype) -> jax.Array:
+    """``layer(x)`` with its matrix product in the compute ``dtype`` (float32 result)."""
+    if dtype is None or jnp.dtype(dtype) == jnp.float32:
+        return layer(x)
+    return _matmul("...i,io->...o", x, layer.kernel[...], dtype) + layer.bias[...]
 
 
 def _masked_softmax(logits: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
@@ -147,39 +166,124 @@ class TextSelfAttention(nnx.Module):
         return _l2((weights[..., None] * words).sum(1))
 
 
-def _attend(context, context_mask, query, query_mask, smooth):
+def _attend(context, context_mask, query, query_mask, smooth, dtype=None, save=None):
     """SCAN attention of every query item over every context item set.
 
     ``context`` ``[X, C, D]`` with ``context_mask`` ``[X, C]``, ``query`` ``[Q, L, D]`` with
     ``query_mask`` ``[Q, L]``: ``A = LeakyReLU_0.1(c . q)``, L2-normalised over the valid
     query words, softmax over the valid context items of ``smooth * A``. Returns the
-    attended vectors ``l2(sum_c alpha c)`` ``[Q, X, L, D]``.
+    attended vectors ``l2(sum_c alpha c)`` ``[X, Q, L, D]``, context-major: the weighted
+    sum is then one matrix product per context whose result needs no transposition. The
+    two contractions run in the compute ``dtype`` (float32 accumulation); normalisations
+    and softmax in float32.
     """
-    attn = jax.nn.leaky_relu(jnp.einsum("xcd,qld->qxcl", context, query), 0.1)
-    attn = jnp.where(query_mask[:, None, None, :], attn, 0.0)
-    attn = attn / (jnp.sqrt((attn * attn).sum(-1, keepdims=True)) + 1e-8)
-    alpha = _masked_softmax(smooth * attn, context_mask[None, :, :, None], axis=2)
-    return _l2(jnp.einsum("qxcl,xcd->qxld", alpha, context))
+    attn = jax.nn.leaky_relu(_matmul("xcd,qld->xqlc", context, query, dtype), 0.1)
+    attn = jnp.where(query_mask[None, :, :, None], attn, 0.0)
+    attn = attn / (jnp.sqrt((attn * attn).sum(2, keepdims=True)) + 1e-8)
+    alpha = _masked_softmax(smooth * attn, context_mask[:, None, None, :], axis=-1)
+    alpha = _saved(alpha, "sgraf_attention", save)
+    return _l2(_matmul("xqlc,xcd->xqld", alpha, context, dtype))
 
 
-def _map_chunks(fn, tree, chunk: int, remat: bool):
-    """``fn`` over chunks of ``chunk`` items along the leading axis of ``tree``.
+def group_lengths(max_length: int, groups: int) -> tuple[int, ...]:
+    """The static lengths a chunk of captions may be cut to: ``groups`` evenly spaced
+    lengths up to ``max_length`` (rounded up, duplicates dropped); ``groups <= 1``: the
+    padded length only."""
+    if groups <= 1 or max_length <= 1:
+        return (max_length,)
+    return tuple(sorted({-(-max_length * k // groups) for k in range(1, groups + 1)}))
+
+
+def _map_chunks(fn, tree, chunk: int, remat, *, lengths=None, limits=(None,)):
+    """``fn(limit, tree_chunk)`` over chunks of ``chunk`` items along the leading axis.
 
     The tail is padded with copies of the first item (their outputs are dropped), so
-    every chunk has the same shape; with ``remat`` each chunk's forward is recomputed in
-    the backward pass instead of stored (bounded memory for the ``B x B`` alignment).
+    every chunk has the same shape. ``remat``: ``False`` stores each chunk's forward for
+    the backward pass; ``True`` recomputes it; a ``jax.checkpoint`` policy saves what it
+    names and recomputes the rest.
+
+    Length grouping: with ``lengths`` ``[n]`` (each item's needed length) and several
+    static ``limits``, the items are sorted by length (stably), each chunk runs the branch
+    of the shortest limit that holds its longest item (``lax.switch``: one branch
+    executes), and the outputs are put back in the original order. ``fn`` receives the
+    chunk's limit (``None`` without grouping) and cuts what it computes to it.
     """
     n = jax.tree.leaves(tree)[0].shape[0]
     chunk = n if chunk <= 0 else min(chunk, n)
     pad = -n % chunk
+    grouped = lengths is not None and len(limits) > 1
+    if grouped:
+        order = jnp.argsort(lengths, stable=True)
+        tree = jax.tree.map(lambda x: x[order], tree)
+        longest = lengths[order][jnp.minimum(jnp.arange(chunk, n + pad + 1, chunk), n) - 1]
+        branch = jnp.minimum(jnp.searchsorted(jnp.asarray(limits), longest), len(limits) - 1)
 
     def prepare(x):
         x = jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x
         return x.reshape(-1, chunk, *x.shape[1:])
 
-    body = jax.checkpoint(fn) if remat else fn
-    out = jax.lax.map(body, jax.tree.map(prepare, tree))
-    return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:n], out)
+    def checkpointed(f):
+        if remat is True:
+            return jax.checkpoint(f)
+        return jax.checkpoint(f, policy=remat) if remat else f
+
+    if grouped:
+        # Each branch is checkpointed on its own: its residuals are then its inputs, the
+        # same for every branch, so the switch carries no per-length residuals.
+        branches = [checkpointed(functools.partial(fn, limit)) for limit in limits]
+        body = lambda a: jax.lax.switch(a[0], branches, a[1])
+        xs = (branch, jax.tree.map(prepare, tree))
+    else:
+        body = checkpointed(functools.partial(fn, limits[-1]))
+        xs = jax.tree.map(prepare, tree)
+    out = jax.lax.map(body, xs)
+    out = jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:n], out)
+    if grouped:
+        restore = jnp.argsort(order)
+        out = jax.tree.map(lambda y: y[restore], out)
+    return out
+
+
+_NAMED_POLICIES = ("projections",)
+REMAT_POLICIES = {
+    # Everything but the 1024-wide per-word tensors is stored: the attention weights,
+    # the local similarity vectors (1024 -> 256 per word and pair), the reasoning steps'
+    # projections and edge weights; the backward pass recomputes the attended vectors
+    # and their squared differences from the stored attention weights.
+    "projections": jax.checkpoint_policies.save_only_these_names(
+        "sgraf_attention", "sgraf_local", "sgraf_reasoning"
+    ),
+    # Matrix products without batch dimensions are stored (with length groups, each
+    # group's residuals have their own shapes: memory grows with the groups).
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _saved(x: jax.Array, name: str, size: int | None, axes=(2,)) -> jax.Array:
+    """``x`` named for a checkpoint policy (``REMAT_POLICIES``). With ``size``, the name
+    is put on ``x`` padded along ``axes`` (words or nodes) to ``size``: every length group
+    of a ``lax.switch`` then stores a residual of one shape, which the switch shares
+    between its branches instead of holding one per branch."""
+    if size is None or all(x.shape[a] == size for a in axes):
+        return checkpoint_name(x, name)
+    pad = [(0, 0)] * x.ndim
+    for a in axes:
+        pad[a] = (0, size - x.shape[a])
+    saved = checkpoint_name(jnp.pad(x, pad), name)
+    return saved[tuple(slice(0, n) for n in x.shape)]
+
+
+def _cut(tree: dict, limit) -> dict:
+    """A query chunk's word axis cut to ``limit`` (``None``: as it is)."""
+    if limit is None:
+        return tree
+    return {k: v[:, :limit] if k in ("words", "mask") else v for k, v in tree.items()}
+
+
+def _needed_length(mask: jax.Array) -> jax.Array:
+    """Per caption, one past its last valid word (0 for none) ``[n]``."""
+    positions = jnp.arange(1, mask.shape[1] + 1)
+    return jnp.max(jnp.where(mask, positions, 0), axis=1)
 
 
 class SimilarityHead(nnx.Module):
@@ -196,7 +300,18 @@ class SimilarityHead(nnx.Module):
       steps: SGR reasoning steps (3).
       smooth: SCAN's softmax smoothing (9).
       chunk: queries per chunk (0: all at once).
-      remat: recompute each chunk in the backward pass instead of storing it.
+      remat: in training, ``False`` stores each chunk's forward for the backward pass,
+        ``True`` recomputes all of it, a ``jax.checkpoint`` policy (or the name of one in
+        ``REMAT_POLICIES``) saves what it names and recomputes the rest.
+      length_groups: caption queries (cross-modal and text-text passes) are sorted by
+        length and each chunk is computed at the shortest of ``length_groups`` static
+        lengths (evenly spaced up to the padded length) that holds its longest caption,
+        so the work follows the real token count; ``1``: every chunk at the padded
+        length. Exact: padded words are masked everywhere, so the results equal the
+        padded computation up to float32 summation order.
+      compute_dtype: dtype of the operands of the head's matrix products (attention,
+        similarity vectors, reasoning): ``'float32'``, or ``'bfloat16'`` for accelerators
+        (float32 accumulation; softmax, norms and BatchNorm stay float32).
     """
 
     def __init__(
@@ -208,12 +323,25 @@ class SimilarityHead(nnx.Module):
         steps: int = 3,
         smooth: float = 9.0,
         chunk: int = 0,
-        remat: bool = False,
+        remat=False,
+        length_groups: int = 4,
+        compute_dtype: str = "float32",
         rngs: nnx.Rngs,
     ):
         if kind not in ("sgr", "saf"):
             raise ValueError(f"model.head must be 'sgr' or 'saf' here, got {kind!r}.")
+        if compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"model.compute_dtype must be 'float32' or 'bfloat16', got {compute_dtype!r}."
+            )
+        if isinstance(remat, str) and remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"model.remat must be true, false or one of {sorted(REMAT_POLICIES)}, "
+                f"got {remat!r}."
+            )
         self.kind, self.smooth, self.chunk, self.remat = kind, smooth, chunk, remat
+        self.length_groups = int(length_groups)
+        self.compute_dtype = compute_dtype
         self.local = _linear(dim, sim_dim, rngs)
         self.glob = _linear(dim, sim_dim, rngs)
         if kind == "sgr":
@@ -225,63 +353,75 @@ class SimilarityHead(nnx.Module):
             self.attn_bn = TorchBatchNorm(1)
         self.out = _linear(sim_dim, 1, rngs)
 
-    def _nodes(self, attended, query, query_mask, context_glob, query_glob, local_eps, glob_eps):
-        """Nodes ``[Q, X, 1 + L, S]`` (global node first) and their mask ``[Q, 1 + L]``."""
-        local = _l2(self.local((attended - query[:, None]) ** 2 + local_eps))
-        diff = (context_glob[None] - query_glob[:, None]) ** 2 + glob_eps
-        nodes = jnp.concatenate([_l2(self.glob(diff))[:, :, None], local], axis=2)
+    def _nodes(
+        self, attended, query, query_mask, context_glob, query_glob, local_eps, glob_eps, save=None
+    ):
+        """Nodes ``[X, Q, 1 + L, S]`` (context-major, global node first) and their mask
+        ``[Q, 1 + L]``; ``attended`` ``[X, Q, L, D]`` (or broadcastable), ``query``
+        ``[Q, L, D]``. ``save``: the word count stored residuals are padded to
+        (``_saved``; the nodes are padded to one more)."""
+        dtype = self.compute_dtype
+        local = _dense(self.local, (attended - query[None]) ** 2 + local_eps, dtype)
+        local = _l2(_saved(local, "sgraf_local", save))
+        diff = (context_glob[:, None] - query_glob[None]) ** 2 + glob_eps
+        nodes = jnp.concatenate([_l2(_dense(self.glob, diff, dtype))[:, :, None], local], axis=2)
         mask = jnp.concatenate([jnp.ones_like(query_mask[:, :1]), query_mask], axis=1)
         return nodes, mask
 
-    def _reason(self, nodes, mask, *, train: bool, context_valid=None):
-        """Raw logits ``[Q, X]``, and for SAF in training the BatchNorm statistics of each
-        query's group (the official code calls SAF once per caption, over all images);
-        ``context_valid`` ``[X]`` keeps padding contexts out of those statistics."""
-        mask = jnp.broadcast_to(mask[:, None], nodes.shape[:3])
+    def _reason(self, nodes, mask, *, train: bool, context_valid=None, save=None):
+        """Raw logits ``[X, Q]`` of nodes ``[X, Q, N, S]``, and for SAF in training the
+        BatchNorm statistics of each query's group ``[Q]`` (the official code calls SAF
+        once per caption, over all images); ``context_valid`` ``[X]`` keeps padding
+        contexts out of those statistics."""
+        mask = jnp.broadcast_to(mask[None], nodes.shape[:3])
         if self.kind == "sgr":
-            return self._graph_reasoning(nodes, mask), None
-        scores = self.attn(nodes)[..., 0]  # [Q, X, N]
+            return self._graph_reasoning(nodes, mask, save and save + 1), None
+        scores = self.attn(nodes)[..., 0]  # [X, Q, N]
         bn = self.attn_bn
         if train:
-            counted = mask if context_valid is None else mask & context_valid[None, :, None]
-            count = counted.sum((1, 2))
+            counted = mask if context_valid is None else mask & context_valid[:, None, None]
+            count = counted.sum((0, 2))
             total = jnp.maximum(count, 1)  # a batch of padding only: no NaN, nothing counts
-            mean = jnp.where(counted, scores, 0.0).sum((1, 2)) / total
-            var = jnp.where(counted, (scores - mean[:, None, None]) ** 2, 0.0).sum((1, 2)) / total
+            mean = jnp.where(counted, scores, 0.0).sum((0, 2)) / total
+            var = jnp.where(counted, (scores - mean[None, :, None]) ** 2, 0.0).sum((0, 2)) / total
             stats = (mean, var * count / jnp.maximum(count - 1, 1))
         else:
             mean, var, stats = bn.mean[...], bn.var[...], None
-        scores = (scores - mean.reshape(-1, 1, 1)) * jax.lax.rsqrt(
-            var.reshape(-1, 1, 1) + bn.epsilon
+        scores = (scores - mean.reshape(1, -1, 1)) * jax.lax.rsqrt(
+            var.reshape(1, -1, 1) + bn.epsilon
         )
         scores = scores * bn.scale[...] + bn.bias[...]
         gate = jnp.where(mask, jax.nn.sigmoid(scores), 0.0)
         gate = gate / (jnp.abs(gate).sum(-1, keepdims=True) + 1e-8)
         return self.out(_l2((gate[..., None] * nodes).sum(2)))[..., 0], stats
 
-    def _graph_reasoning(self, nodes, mask):
+    def _graph_reasoning(self, nodes, mask, save=None):
         """SGR: ``N <- ReLU(W_r softmax_row((W_q N + b_q)(W_k N + b_k)^T) N + b_r)``, read at
         node 0 after the last step.
 
         Computed exactly but cheaper: within a row softmax the query-key logits equal
         ``N_n (W_q W_k^T) N_m^T + (W_k b_q) . N_m`` (terms constant along a row cancel), so
         each step needs one projection instead of two; and the last step is evaluated for
-        node 0 only, the one that is read.
+        node 0 only, the one that is read. ``nodes`` ``[X, Q, N, S]`` -> logits ``[X, Q]``.
         """
+        dt = self.compute_dtype
         steps = list(zip(self.query, self.key, self.update, strict=True))
         key_mask = mask[:, :, None, :]
         for t, (query, key, update) in enumerate(steps):
             pair = query.kernel[...] @ key.kernel[...].T  # [S, S]
-            shift = nodes @ (key.kernel[...] @ query.bias[...])  # [Q, X, N]
+            shift = nodes @ (key.kernel[...] @ query.bias[...])  # [X, Q, N]
             if t == len(steps) - 1:
-                logits = jnp.einsum("qxd,qxmd->qxm", nodes[:, :, 0] @ pair, nodes) + shift
-                edges = _masked_softmax(logits, mask, axis=-1)
-                return self.out(jax.nn.relu(update(jnp.einsum("qxm,qxmd->qxd", edges, nodes))))[
-                    ..., 0
-                ]
-            logits = jnp.einsum("qxnd,qxmd->qxnm", nodes @ pair, nodes) + shift[:, :, None]
+                projected = _matmul("xqd,de->xqe", nodes[:, :, 0], pair, dt)
+                logits = _matmul("xqd,xqmd->xqm", projected, nodes, dt) + shift
+                edges = _saved(_masked_softmax(logits, mask, axis=-1), "sgraf_reasoning", save)
+                read = _matmul("xqm,xqmd->xqd", edges, nodes, dt)
+                return self.out(jax.nn.relu(_dense(update, read, dt)))[..., 0]
+            projected = _saved(_matmul("xqnd,de->xqne", nodes, pair, dt), "sgraf_reasoning", save)
+            logits = _matmul("xqnd,xqmd->xqnm", projected, nodes, dt) + shift[:, :, None]
             edges = _masked_softmax(logits, key_mask, axis=-1)
-            nodes = jax.nn.relu(update(jnp.einsum("qxnm,qxmd->qxnd", edges, nodes)))
+            edges = _saved(edges, "sgraf_reasoning", save, axes=(2, 3))
+            read = _matmul("xqnm,xqmd->xqnd", edges, nodes, dt)
+            nodes = jax.nn.relu(_saved(_dense(update, read, dt), "sgraf_reasoning", save))
         raise AssertionError("unreachable")
 
     def _update_saf_statistics(self, stats, valid=None) -> None:
@@ -302,12 +442,33 @@ class SimilarityHead(nnx.Module):
         bn.mean[...] = kept * bn.mean[...] + (decay * mean).sum()
         bn.var[...] = kept * bn.var[...] + (decay * var).sum()
 
-    def _pairs(self, make_nodes, queries, *, train, query_valid=None, context_valid=None):
-        def chunk_logits(query):
-            nodes, mask = make_nodes(query)
-            return self._reason(nodes, mask, train=train, context_valid=context_valid)
+    def _pairs(
+        self, make_nodes, queries, *, train, query_valid=None, context_valid=None, words=False
+    ):
+        """Logits ``[n_query, n_context]`` over chunks of queries; ``words``: the queries
+        are captions (``words``, ``mask``), grouped by length (``length_groups``)."""
 
-        logits, stats = _map_chunks(chunk_logits, queries, self.chunk, self.remat and train)
+        remat = REMAT_POLICIES.get(self.remat, self.remat) if train else False
+        grouping, save = {}, None
+        if words:
+            padded = queries["words"].shape[1]
+            limits = group_lengths(padded, self.length_groups)
+            if len(limits) > 1:
+                grouping = dict(lengths=_needed_length(queries["mask"]), limits=limits)
+                if train and self.remat in _NAMED_POLICIES:
+                    save = padded  # every group's saved residuals get one shape
+
+        def chunk_logits(limit, query):
+            with jax.named_scope("similarity_vectors"):
+                nodes, mask = make_nodes(_cut(query, limit), save)
+            with jax.named_scope("reasoning"):
+                logits, stats = self._reason(
+                    nodes, mask, train=train, context_valid=context_valid, save=save
+                )
+            return logits.T, stats  # [chunk, n_context]
+
+        with jax.named_scope("pairwise_head"):
+            logits, stats = _map_chunks(chunk_logits, queries, self.chunk, remat, **grouping)
         self._update_saf_statistics(stats, query_valid)
         return logits
 
@@ -320,21 +481,23 @@ class SimilarityHead(nnx.Module):
         regions, v_glob = image["regions"], image["glob"]
         all_regions = jnp.ones(regions.shape[:2], bool)
 
-        def make_nodes(t):
-            attended = _attend(regions, all_regions, t["words"], t["mask"], self.smooth)
-            return self._nodes(attended, t["words"], t["mask"], v_glob, t["glob"], 0.0, 0.0)
+        def make_nodes(t, save):
+            attended = _attend(
+                regions, all_regions, t["words"], t["mask"], self.smooth, self.compute_dtype, save
+            )
+            return self._nodes(attended, t["words"], t["mask"], v_glob, t["glob"], 0.0, 0.0, save)
 
         valid = dict(query_valid=text.get("valid"), context_valid=image.get("valid"))
-        return self._pairs(make_nodes, _queries(text), train=train, **valid).T
+        return self._pairs(make_nodes, _queries(text), train=train, words=True, **valid).T
 
     def image_image(self, image: dict, *, train: bool = False) -> jax.Array:
         """GSC's ``h_II(I_j, I_i)`` ``[B, B]`` (row ``j``): region-aligned, no attention."""
         regions, v_glob = image["regions"], image["glob"]
 
-        def make_nodes(q):
+        def make_nodes(q, save):
             mask = jnp.ones(q["regions"].shape[:2], bool)
             return self._nodes(
-                regions[None], q["regions"], mask, v_glob, q["glob"], _INTRA_EPS, _INTRA_EPS
+                regions[:, None], q["regions"], mask, v_glob, q["glob"], _INTRA_EPS, _INTRA_EPS
             )
 
         valid = dict(query_valid=image.get("valid"), context_valid=image.get("valid"))
@@ -345,14 +508,16 @@ class SimilarityHead(nnx.Module):
         query): caption ``i``'s words attend over caption ``j``'s words."""
         context = text["words"] + _INTRA_EPS
 
-        def make_nodes(q):
-            attended = _attend(context, text["mask"], q["words"], q["mask"], self.smooth)
+        def make_nodes(q, save):
+            attended = _attend(
+                context, text["mask"], q["words"], q["mask"], self.smooth, self.compute_dtype, save
+            )
             return self._nodes(
-                attended, q["words"], q["mask"], text["glob"], q["glob"], 0.0, _INTRA_EPS
+                attended, q["words"], q["mask"], text["glob"], q["glob"], 0.0, _INTRA_EPS, save
             )
 
         valid = dict(query_valid=text.get("valid"), context_valid=text.get("valid"))
-        return self._pairs(make_nodes, _queries(text), train=train, **valid).T
+        return self._pairs(make_nodes, _queries(text), train=train, words=True, **valid).T
 
     def text_text_aligned(self, text: dict, *, train: bool = False) -> jax.Array:
         """GSC+'s ``h_TT(T_j, T_i)`` ``[B, B]``: word-position-aligned, no attention.
@@ -375,10 +540,10 @@ class SimilarityHead(nnx.Module):
         live = text["mask"] if valid is None else text["mask"] & valid[:, None]
         in_batch = jnp.any(live, axis=0)  # [L]: l < L_b, the batch's longest caption
 
-        def make_nodes(q):
+        def make_nodes(q, save):
             mask = jnp.broadcast_to(in_batch, q["words"].shape[:2])
             return self._nodes(
-                words[None], q["words"], mask, glob, q["glob"], _INTRA_EPS, _INTRA_EPS
+                words[:, None], q["words"], mask, glob, q["glob"], _INTRA_EPS, _INTRA_EPS
             )
 
         valid = dict(query_valid=valid, context_valid=valid)
@@ -429,7 +594,9 @@ class SGRAFModel(nnx.Module):
         dropout: float = 0.4,
         sigmoid: bool = True,
         chunk: int = 0,
-        remat: bool = False,
+        remat=False,
+        length_groups: int = 4,
+        compute_dtype: str = "float32",
         views: int = 1,
         rngs: nnx.Rngs,
     ):
@@ -449,6 +616,8 @@ class SGRAFModel(nnx.Module):
             smooth=smooth,
             chunk=chunk,
             remat=remat,
+            length_groups=length_groups,
+            compute_dtype=compute_dtype,
             rngs=rngs,
         )
         self.sigmoid = sigmoid

@@ -21,6 +21,7 @@ from ncljax.models.sgraf import (
     TextSelfAttention,
     TorchBatchNorm,
     VisualSelfAttention,
+    group_lengths,
 )
 from tests.models.oracles import (
     np_bn_params,
@@ -613,3 +614,147 @@ def test_all_padding_batch_keeps_the_statistics_and_stays_finite():
     assert np.isfinite(np.asarray(sim)).all()
     for got, want in zip(batchnorm_statistics(model), before, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Length grouping and the bfloat16 compute dtype
+
+
+def test_group_lengths_by_hand():
+    assert group_lengths(16, 4) == (4, 8, 12, 16)
+    assert group_lengths(7, 4) == (2, 4, 6, 7)  # ceil(7k/4)
+    assert group_lengths(3, 8) == (1, 2, 3)  # duplicates dropped
+    assert group_lengths(16, 1) == (16,)
+    assert group_lengths(1, 4) == (1,)
+
+
+def _grouped_head(kind, groups, *, chunk=2, remat=False, seed=50):
+    head = SimilarityHead(
+        DIM,
+        SIM_DIM,
+        kind=kind,
+        steps=2,
+        chunk=chunk,
+        remat=remat,
+        length_groups=groups,
+        rngs=nnx.Rngs(seed),
+    )
+    return randomize(head, seed + 100)
+
+
+@pytest.mark.parametrize(("kind", "train"), [("sgr", False), ("saf", False), ("saf", True)])
+def test_length_grouped_head_equals_padded(kind, train):
+    # Lengths 3, 1, 7, 5, 2 in chunks of 2: sorted 1, 2 | 3, 5 | 7 (+ a padding copy), so
+    # the chunks run at different static lengths; padding words hold garbage.
+    image, text = make_inputs(seed=51)
+    text = with_padding_garbage(text, 52)
+    results = {}
+    for groups in (1, 3, MAX_LEN):
+        head = _grouped_head(kind, groups)
+        cross = call(head, "cross", image, text, train=train)
+        intra = call(head, "text_text", text, train=train)
+        results[groups] = (cross, intra, saf_running(head) if kind == "saf" else ())
+    expected, _ = oracle_cross(_grouped_head(kind, 1), image, text, train=train)
+    np.testing.assert_allclose(results[1][0], expected, rtol=RTOL, atol=ATOL)
+    for groups in (3, MAX_LEN):
+        for padded, grouped in zip(results[1], results[groups], strict=True):
+            np.testing.assert_allclose(grouped, padded, rtol=EXACT, atol=EXACT)
+
+
+@pytest.mark.parametrize(("kind", "remat"), [("saf", False), ("sgr", True), ("sgr", "projections")])
+def test_length_grouped_gradients_equal_padded(kind, remat):
+    # Padded and plain-stored, grouped and rematerialised with the given policy.
+    image, text = to_jax(make_inputs(seed=53))
+    weights = jnp.asarray(np.random.default_rng(53).normal(size=(N_IMG, N_TXT)), jnp.float32)
+    grads = []
+    for groups, policy in ((1, False), (MAX_LEN, remat)):
+        head = _grouped_head(kind, groups, remat=policy, seed=53)
+        graphdef, params, rest = nnx.split(head, nnx.Param, ...)
+        params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+
+        def loss(params, words, graphdef=graphdef, rest=rest):
+            model = nnx.merge(graphdef, params, rest)
+            sim = model.cross(image, {**text, "words": words}, train=True)
+            return jnp.sum(sim * weights)
+
+        grad_fn = jax.jit(jax.grad(loss, argnums=(0, 1)), compiler_options=FAST_COMPILE)
+        grads.append(grad_fn(params, text["words"]))
+    for padded, grouped in zip(*map(jax.tree.leaves, grads), strict=True):
+        assert np.all(np.isfinite(padded))
+        np.testing.assert_allclose(grouped, padded, rtol=1e-5, atol=1e-6)
+    assert np.abs(np.asarray(grads[0][1])).max() > 1e-3
+
+
+def _sub_jaxprs(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    yield from _sub_jaxprs(getattr(inner, "jaxpr", inner))
+
+
+def test_length_grouping_runs_one_static_length_per_chunk():
+    # The grouped head switches between computations cut to lengths 3, 5 and 7 (each
+    # branch slices the words to its own length); the padded head has no switch.
+    image, text = to_jax(make_inputs(seed=54))
+    for groups in (1, 3):
+        head = _grouped_head("sgr", groups)
+        jaxpr = jax.make_jaxpr(lambda i, t, head=head: head.cross(i, t))(image, text)
+        conds = [e for e in _sub_jaxprs(jaxpr.jaxpr) if e.primitive.name == "cond"]
+        if groups == 1:
+            assert not conds
+            continue
+        assert len(conds) == 1
+        branches = conds[0].params["branches"]
+        assert len(branches) == len(group_lengths(MAX_LEN, groups)) == 3
+        for limit, branch in zip(group_lengths(MAX_LEN, groups), branches, strict=True):
+            slices = [e for e in _sub_jaxprs(branch.jaxpr) if e.primitive.name == "slice"]
+            cut = {e.outvars[0].aval.shape[1] for e in slices if e.outvars[0].aval.ndim >= 2}
+            assert limit in cut or limit == MAX_LEN
+
+
+def _bf16_setup(dtype):
+    model = SGRAFModel(
+        REGION_DIM,
+        VOCAB,
+        embed_dim=64,
+        word_dim=WORD_DIM,
+        sim_dim=32,
+        num_regions=REGIONS,
+        compute_dtype=dtype,
+        rngs=nnx.Rngs(60),
+    )
+    return randomize(model, 61)
+
+
+def test_bfloat16_compute_dtype_stays_close_to_float32():
+    """bfloat16 operands (8-bit mantissa, float32 accumulation): the SGR similarities
+    within 2e-2 of float32 and the hardest-negative triplet loss within 3% of it."""
+    batch = to_jax(make_batch(seed=62))
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        model = _bf16_setup(dtype)
+        graphdef, state = nnx.split(model)
+
+        def loss_fn(state, graphdef=graphdef):
+            sim = nnx.merge(graphdef, state)(batch)["sim"][:, : len(LENGTHS)]
+            n = min(sim.shape)
+            sim = sim[:n, :n]
+            pos = jnp.diag(sim)
+            eye = jnp.eye(n, dtype=bool)
+            cost_t = jnp.where(eye, 0.0, jnp.maximum(0.2 + sim - pos[:, None], 0.0))
+            cost_i = jnp.where(eye, 0.0, jnp.maximum(0.2 + sim - pos[None, :], 0.0))
+            return cost_t.max(1).sum() + cost_i.max(0).sum(), sim
+
+        fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True), compiler_options=FAST_COMPILE)
+        (loss, sim), grads = fn(state)
+        out[dtype] = (float(loss), np.asarray(sim), grads)
+        text = str(jax.make_jaxpr(lambda s, graphdef=graphdef: loss_fn(s, graphdef)[0])(state))
+        assert ("bf16[" in text) == (dtype == "bfloat16")
+    (l32, s32, _), (l16, s16, g16) = out["float32"], out["bfloat16"]
+    assert np.abs(s16 - s32).max() < 2e-2
+    assert abs(l16 - l32) <= 0.03 * abs(l32)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(g16))
+    assert s16.dtype == np.float32  # results stay float32
