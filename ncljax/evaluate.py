@@ -33,7 +33,6 @@ References:
   Presence of Tied Scores", ECIR 2008: tie-aware (expected) precision and AP.
 """
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -46,6 +45,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
+
+from ncljax import backend
 
 SimFn = Callable[[Any, Any], jax.Array]
 RECALL_KS = (1, 5, 10)
@@ -133,7 +134,7 @@ def _similarity(sim_fn: SimFn, params: Any, image_block: Any, text_block: Any) -
     return sim_fn(params, image_block, text_block)
 
 
-@functools.partial(jax.jit, static_argnames="sim_fn")
+@backend.jit(static_argnames="sim_fn")
 def _ground_truth_block(
     sim_fn: SimFn, params: Any, image_block: Any, caption_groups: Any
 ) -> jax.Array:
@@ -163,7 +164,7 @@ def _compare(sim: jax.Array, reference: jax.Array, atol, rtol) -> tuple[jax.Arra
     return diff > tol, jnp.abs(diff) <= tol
 
 
-@functools.partial(jax.jit, static_argnames="sim_fn")
+@backend.jit(static_argnames="sim_fn")
 def _count_block(
     sim_fn: SimFn,
     params: Any,

@@ -92,7 +92,7 @@ def _shrink(config, tmp_path):
     if m.head == "cosine" and m.image_input == "global":
         m.image_hidden = m.text_hidden = (16,)
     if m.head != "cosine":
-        m.sim_dim, m.sgr_steps, m.remat = 8, 1, False
+        m.sim_dim, m.sgr_steps, m.remat = 8, 1, "none"
     kwargs = config.method_kwargs
     if "warmup_epochs" in kwargs:
         kwargs.warmup_epochs = 0  # the epoch reaches the method's own loss

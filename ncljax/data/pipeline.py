@@ -16,9 +16,10 @@ is Grain's, so its position is checkpointable (``get_state``/``set_state``).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import grain
@@ -353,6 +354,23 @@ def to_device(batch: Record, sharding: jax.sharding.Sharding) -> dict[str, jax.A
     return {
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()
     }
+
+
+def prefetch_to_device(batches: Iterable, put: Callable, size: int = 2) -> Iterator:
+    """``put(batch)`` for each of ``batches``, ``size`` batches ahead of the consumer.
+
+    The transfer of the next batches is started (JAX transfers asynchronously) before the
+    current one is handed out, so the device finds its next input in place when a step
+    ends. ``size <= 1``: each batch is put when it is asked for.
+    """
+    queue = collections.deque()
+    iterator = iter(batches)
+    for batch in iterator:
+        queue.append(put(batch))
+        if len(queue) >= max(size, 1):
+            yield queue.popleft()
+    while queue:
+        yield queue.popleft()
 
 
 class TrainingPairs(NamedTuple):

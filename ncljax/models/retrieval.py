@@ -235,10 +235,19 @@ def _build_sgraf(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
         dropout=cfg.text_dropout,
         sigmoid=cfg.sim_output == "sigmoid",
         chunk=cfg.pair_chunk,
-        remat=cfg.remat,
+        remat=resolve_remat(cfg.remat),
+        length_groups=cfg.length_groups,
+        compute_dtype=cfg.compute_dtype,
         views=cfg.get("views", 1),
         rngs=rngs,
     )
+
+
+def resolve_remat(choice: str):
+    """``model.remat`` as the SGRAF head's ``remat`` argument (``'auto'``: per backend)."""
+    if choice == "auto":
+        choice = "full" if jax.default_backend() == "cpu" else "projections"
+    return {"full": True, "none": False}.get(choice, choice)
 
 
 def _require(size: int, what: str, alternative: str) -> None:

@@ -33,7 +33,8 @@ OPTIMIZERS = tuple(optim.OPTIMIZERS)
 SCHEDULES = tuple(optim.SCHEDULES)
 HEADS = ("cosine", "sgr", "saf")
 # Fields of the data section that every dataset has (the pipeline's, added by set_data).
-PIPELINE_FIELDS = ("num_threads", "prefetch", "length_buckets")
+REMAT_CHOICES = ("auto", "full", "projections", "none")
+PIPELINE_FIELDS = ("num_threads", "prefetch", "device_prefetch", "length_buckets")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -73,7 +74,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.smooth = 9.0  # SCAN attention smoothing
     c.model.sim_output = "sigmoid"  # SGRAF: 'sigmoid' of the head's logit, or 'raw'
     c.model.pair_chunk = 16  # SGRAF: captions per chunk of the pairwise computation
-    c.model.remat = True  # SGRAF: recompute each chunk in the backward pass (memory)
+    # SGRAF training: what the backward pass recomputes of each chunk of pairs: 'full'
+    # (everything: least memory), 'projections' (stores the attention weights, similarity
+    # vectors and reasoning projections; recomputes the 1024-wide tensors), 'none', or
+    # 'auto': 'full' on CPU (where 'projections' saved 5% of a step for twice the
+    # memory), 'projections' on accelerators.
+    c.model.remat = "auto"
+    # SGRAF: captions sorted by length, each chunk computed at the shortest of this many
+    # static lengths that holds it (1: every chunk at the batch's padded length).
+    c.model.length_groups = 4
+    c.model.compute_dtype = "float32"  # SGRAF head's matrix products: or 'bfloat16'
     # Image views (UGNCL): W independent image projections, shared text encoder and head.
     c.model.views = 1
 
@@ -117,6 +127,7 @@ def set_data(config, data: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     old = config.get("data") or {}
     data.num_threads = old.get("num_threads", 2)  # Grain reader threads
     data.prefetch = old.get("prefetch", 4)  # batches read ahead
+    data.device_prefetch = old.get("device_prefetch", 2)  # batches put on the devices ahead
     # Cut each training batch's tokens to the first bucket that fits.
     data.length_buckets = old.get("length_buckets", ())
     locked = config.is_locked  # train.py's config is locked; a new section needs a moment
@@ -318,6 +329,17 @@ def check_fields(config, overridden: Collection[str] | None = None) -> None:
     for field in ("embed_dim", "word_dim", "sim_dim", "sgr_steps", "pair_chunk"):
         need(is_int(m[field]) and m[field] >= 1, f"model.{field}", "a positive integer")
     need(is_int(m.views) and m.views >= 1, "model.views", "an integer >= 1")
+    need(is_int(m.length_groups) and m.length_groups >= 1, "model.length_groups", "an integer >= 1")
+    need(
+        m.remat in REMAT_CHOICES,
+        "model.remat",
+        f"one of {REMAT_CHOICES} (what the SGRAF backward pass recomputes)",
+    )
+    need(
+        m.compute_dtype in ("float32", "bfloat16"),
+        "model.compute_dtype",
+        "'float32' or 'bfloat16' (bfloat16 matrix products for accelerators)",
+    )
     for field in ("image_hidden", "text_hidden"):
         widths = m[field]
         need(
@@ -335,6 +357,11 @@ def check_fields(config, overridden: Collection[str] | None = None) -> None:
     )
     need(is_int(d.num_threads) and d.num_threads >= 0, "data.num_threads", "an integer >= 0")
     need(is_int(d.prefetch) and d.prefetch >= 0, "data.prefetch", "an integer >= 0")
+    need(
+        is_int(d.device_prefetch) and d.device_prefetch >= 1,
+        "data.device_prefetch",
+        "an integer >= 1 (1: each batch is put on the devices when its step starts)",
+    )
     need(config.noise.kind in NOISE_KINDS, "noise.kind", f"one of {NOISE_KINDS}")
     need(is_number(config.noise.rate) and 0 <= config.noise.rate <= 1, "noise.rate", "in [0, 1]")
     if config.noise.kind != "file" and config.noise.file:

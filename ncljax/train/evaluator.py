@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from ncljax import evaluate
+from ncljax import backend, evaluate
 from ncljax.data import pipeline
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import step as step_lib
@@ -117,14 +117,21 @@ def _network_similarity(graphdef, transform, pool, params, image_block, text_blo
     """``pool`` of ``transform(sim)`` over every view of every network; blocks are
     ``[n, K, ...]``."""
     params, model_state = params
+    # The word mask follows the tokens, the same in every network: passed unbatched, so
+    # the SGRAF head's length grouping stays one branch per chunk under vmap (a batched
+    # branch index would run every branch).
+    shared = {k: v[:, 0] for k, v in text_block.items() if k == "mask"}
+    text_block = {k: v for k, v in text_block.items() if k not in shared}
 
-    def one(p, s, image, text):
+    def one(p, s, image, text, shared):
         model = nnx.merge(graphdef, p, s)
-        sim = model.similarity(image, text)
+        sim = model.similarity(image, {**text, **shared})
         views = sim if getattr(model, "num_views", 1) > 1 else sim[None]  # [W, n, m]
         return jnp.stack([transform(view) for view in views])
 
-    sims = jax.vmap(one, in_axes=(0, 0, 1, 1))(params, model_state, image_block, text_block)
+    sims = jax.vmap(one, in_axes=(0, 0, 1, 1, None))(
+        params, model_state, image_block, text_block, shared
+    )
     return POOLS[pool](sims.reshape(-1, *sims.shape[2:]), axis=0)
 
 
@@ -154,8 +161,13 @@ class Evaluator:
         self._mesh = mesh
         self._image_fields, self._text_fields = fields
         self._sharding = mesh_lib.batch_sharding(mesh)
-        self._encode_image = jax.jit(_with_labels(step_lib.make_forward(graphdef, _image_repr)))
-        self._encode_text = jax.jit(_with_labels(step_lib.make_forward(graphdef, _text_repr)))
+        options = backend.compiler_options()
+        self._encode_image = jax.jit(
+            _with_labels(step_lib.make_forward(graphdef, _image_repr)), compiler_options=options
+        )
+        self._encode_text = jax.jit(
+            _with_labels(step_lib.make_forward(graphdef, _text_repr)), compiler_options=options
+        )
         # One function object for the run, so evaluation compiles once.
         self._sim_fn = functools.partial(_network_similarity, graphdef, transform, pool)
 

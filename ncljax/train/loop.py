@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from ncljax import methods, models
+from ncljax import backend, methods, models
 from ncljax.data import pipeline, sources
 from ncljax.methods.base import InitContext
 from ncljax.train import checkpoint, optim, passes, rundir, writers
@@ -145,6 +145,7 @@ def train_and_evaluate(
                 step_lib.make_train_step(graphdef, method, tx, num_samples=pairs.num_records),
                 static_argnums=2,
                 donate_argnums=0,
+                compiler_options=backend.compiler_options(),
                 in_shardings=(replicated, data_sharding, replicated, replicated),
                 out_shardings=(replicated, replicated),
             ),
@@ -345,8 +346,9 @@ def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
         leave=False,
     )
     with pipeline.reading(batches) as iterator, contextlib.closing(bar):
-        for done, host_batches in enumerate(iterator, start=start + 1):
-            device_batches = tuple(pipeline.to_device(b, run.sharding) for b in host_batches)
+        put = lambda host: tuple(pipeline.to_device(b, run.sharding) for b in host)
+        on_device = pipeline.prefetch_to_device(iterator, put, size=cfg.data.device_prefetch)
+        for done, device_batches in enumerate(on_device, start=start + 1):
             state, metrics = run.train_step(
                 state, device_batches, one_pass.spec, run.clean, network
             )

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ncljax import backend
 from ncljax.data import pipeline
 from ncljax.methods import base
 from ncljax.methods.base import RefreshContext
@@ -43,7 +44,10 @@ class Refresher:
                 )
                 return method.stats_fn(outputs, batch)
 
-            self._stats = jax.jit(step_lib.make_forward(graphdef, stats))
+            self._stats = jax.jit(
+                step_lib.make_forward(graphdef, stats),
+                compiler_options=backend.compiler_options(),
+            )
             self._scatter = jax.jit(
                 _scatter_stats, donate_argnums=0, out_shardings=mesh_lib.replicated(mesh)
             )

@@ -74,7 +74,15 @@ CONDITIONAL_FIELDS = (
         "model.head='cosine' with model.classifier=True",
     ),
     Conditional(
-        ("model.sim_dim", "model.smooth", "model.sim_output", "model.pair_chunk", "model.remat"),
+        (
+            "model.sim_dim",
+            "model.smooth",
+            "model.sim_output",
+            "model.pair_chunk",
+            "model.remat",
+            "model.length_groups",
+            "model.compute_dtype",
+        ),
         ("model.head",),
         _sgraf,
         "model.head='sgr' or 'saf'",

@@ -486,3 +486,30 @@ def test_epoch_zero_does_not_visit_the_noisy_pairs_first():
     index = concat(collect(pipeline.batches(toy_record, n, batch_size=n, seed=0)), "index")
     first = index[: int(0.4 * n)]
     assert 0.45 < clean[first].mean() < 0.75  # about the 60% clean of the whole set
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 10])
+def test_prefetch_to_device_puts_ahead_and_keeps_order(size):
+    events = []
+
+    def source():
+        for k in range(5):
+            events.append(("read", k))
+            yield k
+
+    def put(k):
+        events.append(("put", k))
+        return {"x": np.full(3, k)}
+
+    out = []
+    for batch in pipeline.prefetch_to_device(source(), put, size=size):
+        events.append(("step", int(batch["x"][0])))
+        out.append(int(batch["x"][0]))
+    assert out == [0, 1, 2, 3, 4]
+    ahead = max(min(size, 5), 1)
+    for k in range(5):
+        # Batch k is handed out after batch min(k + size - 1, 4) was put, never later.
+        before_step = events[: events.index(("step", k))]
+        assert ("put", min(k + ahead - 1, 4)) in before_step
+        if k + ahead <= 4:
+            assert ("put", k + ahead) not in before_step

@@ -30,7 +30,9 @@ CASES = [
     ("model.smooth", 4.0, {}, {"model.head": "sgr"}),
     ("model.sim_output", "raw", {}, {"model.head": "sgr"}),
     ("model.pair_chunk", 8, {}, {"model.head": "sgr"}),
-    ("model.remat", False, {}, {"model.head": "saf"}),
+    ("model.remat", "none", {}, {"model.head": "saf"}),
+    ("model.length_groups", 2, {}, {"model.head": "sgr"}),
+    ("model.compute_dtype", "bfloat16", {}, {"model.head": "saf"}),
     ("model.sgr_steps", 2, {"model.head": "saf"}, {"model.head": "sgr"}),
     ("optim.weight_decay", 1e-4, {}, {"optim.name": "adamw"}),
     ("optim.decay_factor", 0.5, {"optim.schedule": "cosine"}, {"optim.schedule": "step"}),
@@ -76,6 +78,20 @@ def test_model_views_must_be_a_positive_integer():
     for views in (0, -1):
         with pytest.raises(ValueError, match=re.escape(f"model.views={views!r} must be")):
             config_lib.check_fields(_config({"method": "ugncl", "model.views": views}))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("model.remat", "sometimes"),
+        ("model.compute_dtype", "float16"),
+        ("model.length_groups", 0),
+        ("data.device_prefetch", 0),
+    ],
+)
+def test_speed_settings_refuse_bad_values(field, value):
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} must be")):
+        config_lib.check_fields(_config({"model.head": "sgr", field: value}))
 
 
 def test_reset_unread_restores_the_defaults_of_unread_fields():

@@ -16,7 +16,7 @@ def _tiny_run(workdir, head, seed):
     config = test_loop.tiny(test_loop.load_config("vse", "synthetic"), epochs=1)
     config.model.head, config.seed = head, seed
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
-    config.model.sgr_steps, config.model.remat = 1, False  # compiles in a fraction
+    config.model.sgr_steps, config.model.remat = 1, "none"  # compiles in a fraction
     unread.reset_unread(config)  # the SGRAF sizes, with the cosine head
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))
