@@ -49,7 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from ncljax import labels, methods  # noqa: E402
+from ncljax import backend, labels, methods  # noqa: E402
 from ncljax.methods import InitContext, Memory  # noqa: E402
 from ncljax.models import sgraf  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
@@ -107,6 +107,7 @@ def step(args):
         step_lib.make_train_step(graphdef, method, tx, num_samples=args.batch),
         static_argnums=2,
         donate_argnums=0,
+        compiler_options=backend.compiler_options(),
     )
     phase = 0 if args.method == "vse" else MAIN_PHASE
     holder = [state]

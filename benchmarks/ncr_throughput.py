@@ -55,7 +55,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from ncljax import methods  # noqa: E402
+from ncljax import backend, methods  # noqa: E402
 from ncljax.methods import InitContext, Memory, RefreshContext, ncr  # noqa: E402
 from ncljax.models import sgraf  # noqa: E402
 from ncljax.train import config as config_lib  # noqa: E402
@@ -119,6 +119,7 @@ def step(args):
         step_lib.make_train_step(graphdef, method, tx, num_samples=n),
         static_argnums=2,
         donate_argnums=0,
+        compiler_options=backend.compiler_options(),
     )
     updates = (0, 1) if args.phase == ncr.CLEAN_NOISY else (0,)
     spec = step_lib.StepSpec(phase=args.phase, updates=updates, in_turn=True)

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from ncljax import evaluate, methods  # noqa: E402
+from ncljax import backend, evaluate, methods  # noqa: E402
 from ncljax.methods import InitContext  # noqa: E402
 from ncljax.models import sgraf  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
@@ -77,6 +77,7 @@ def train(args):
         step_lib.make_train_step(graphdef, method, tx, num_samples=args.batch),
         static_argnums=2,
         donate_argnums=0,
+        compiler_options=backend.compiler_options(),
     )
     holder = [state]
 

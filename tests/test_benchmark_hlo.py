@@ -1,0 +1,38 @@
+"""Tests for benchmarks/_hlo.py: FLOPs of a compiled program, by hand-worked counts."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from _hlo import Program
+
+
+def _program(fn, *args):
+    return Program(jax.jit(fn).lower(*args).compile().as_text())
+
+
+def test_loop_bodies_count_their_trip_count():
+    w = jnp.ones((64, 32))
+    x = jnp.ones((8, 16, 64))
+    program = _program(lambda x: jax.lax.map(lambda xi: xi @ w, x), x)
+    # 8 iterations of a [16, 64] x [64, 32] product: 2 * 16 * 32 * 64 FLOPs each.
+    assert program.flops()["matmul"] == 8 * 2 * 16 * 32 * 64
+
+
+def test_conditional_branches_count_with_their_weights():
+    w = jnp.ones((64, 64))
+
+    def body(x):
+        index = (x.sum() > 0).astype(jnp.int32)
+        short = lambda x: x[:, :16] @ w[:16]
+        full = lambda x: x @ w
+        return jax.lax.switch(index, [short, full], x)
+
+    x = jnp.ones((4, 8, 64))
+    program = _program(lambda x: jax.lax.map(body, x), x)
+    short, full = 2 * 8 * 64 * 16, 2 * 8 * 64 * 64
+    assert program.flops()["matmul"] == 4 * full  # default: the costliest branch
+    assert program.flops({2: [0.75, 0.25]})["matmul"] == 4 * (0.75 * short + 0.25 * full)
