@@ -17,6 +17,7 @@ def _tiny_run(workdir, head, seed):
     config.model.head, config.seed = head, seed
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
     config.model.sgr_steps, config.model.remat = 1, "none"  # compiles in a fraction
+    config.model.length_groups = 1
     unread.reset_unread(config)  # the SGRAF sizes, with the cosine head
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))

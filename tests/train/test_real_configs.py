@@ -45,6 +45,7 @@ def test_gsc_configs_train_on_precomp_files(tmp_path, dataset):
     m = config.model
     m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
     m.remat = "none"  # compiles in about half the time; remat is tested in tests/models
+    m.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
     if dataset == "cc152k":
         config.method_kwargs.warmup_epochs = 0  # one epoch: reach the GSC phase at once
     results = _small_run(config, tmp_path, batch=4)
@@ -97,6 +98,7 @@ def test_ncr_configs_train_on_precomp_files(tmp_path, dataset):
     m = config.model
     m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
     m.remat = "none"  # compiles in about half the time; remat is tested in tests/models
+    m.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
     results = _small_run(config, tmp_path, batch=4)
     assert config.method == "ncr" and config.model.head == "sgr"
     assert config.method_kwargs.num_networks == 2
