@@ -1,8 +1,13 @@
-"""Shared benchmark helpers: fake CPU devices, timing with medians, machine description."""
+"""Shared benchmark helpers: fake CPU devices, timing with medians, machine description,
+random batches of Flickr30K shapes."""
 
 import os
 import platform
 import sys
+
+import numpy as np
+
+VOCAB = 8481  # Flickr30K's NCR vocabulary
 
 
 def set_cpu_devices(argv) -> int:
@@ -44,3 +49,17 @@ def machine() -> str:
         f"x{jax.device_count()} ({device.device_kind}); python {sys.version.split()[0]}, "
         f"jax {jax.__version__}"
     )
+
+
+def random_batch(rng, n, length, offset=0):
+    """``n`` pairs of Flickr30K shapes with random inputs: 36 x 2048 regions, captions of
+    ``length`` token slots with valid lengths drawn between half of it and all of it."""
+    lengths = rng.integers(max(length // 2, 1), length + 1, size=n)
+    tokens = rng.integers(4, VOCAB, size=(n, length)) * (np.arange(length) < lengths[:, None])
+    return {
+        "regions": rng.normal(size=(n, 36, 2048)).astype(np.float32),
+        "tokens": tokens.astype(np.int32),
+        "length": lengths.astype(np.int32),
+        "index": np.arange(offset, offset + n, dtype=np.int32),
+        "mask": np.ones(n, bool),
+    }

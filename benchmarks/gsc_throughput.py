@@ -40,7 +40,7 @@ import resource
 import statistics
 import sys
 
-from _common import machine, set_cpu_devices, timed
+from _common import VOCAB, machine, random_batch, set_cpu_devices, timed
 
 set_cpu_devices(sys.argv)
 
@@ -56,20 +56,7 @@ from ncljax.train import mesh as mesh_lib  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
-VOCAB = 8481  # Flickr30K's NCR vocabulary
 MAIN_PHASE = 1  # GSC's purified phase (no warm-up), SREM's main phase
-
-
-def random_batch(rng, n, length):
-    lengths = rng.integers(max(length // 2, 1), length + 1, size=n)
-    tokens = rng.integers(4, VOCAB, size=(n, length)) * (np.arange(length) < lengths[:, None])
-    return {
-        "regions": rng.normal(size=(n, 36, 2048)).astype(np.float32),
-        "tokens": tokens.astype(np.int32),
-        "length": lengths.astype(np.int32),
-        "index": np.arange(n, dtype=np.int32),
-        "mask": np.ones(n, bool),
-    }
 
 
 def step(args):

@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from _common import machine, set_cpu_devices, timed
+from _common import VOCAB, machine, random_batch, set_cpu_devices, timed
 
 set_cpu_devices(sys.argv)
 
@@ -64,20 +64,7 @@ from ncljax.train import presets  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
-VOCAB = 8481  # Flickr30K's NCR vocabulary
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def random_batch(rng, n, length, offset=0):
-    lengths = rng.integers(max(length // 2, 1), length + 1, size=n)
-    tokens = rng.integers(4, VOCAB, size=(n, length)) * (np.arange(length) < lengths[:, None])
-    return {
-        "regions": rng.normal(size=(n, 36, 2048)).astype(np.float32),
-        "tokens": tokens.astype(np.int32),
-        "length": lengths.astype(np.int32),
-        "index": np.arange(offset, offset + n, dtype=np.int32),
-        "mask": np.ones(n, bool),
-    }
 
 
 class _Info:

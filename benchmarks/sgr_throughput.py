@@ -19,7 +19,7 @@ import resource
 import statistics
 import sys
 
-from _common import machine, set_cpu_devices, timed
+from _common import VOCAB, machine, random_batch, set_cpu_devices, timed
 
 set_cpu_devices(sys.argv)
 
@@ -36,25 +36,11 @@ from ncljax.train import mesh as mesh_lib  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
-VOCAB = 8481  # Flickr30K's NCR vocabulary
-
 
 def model_fn(args):
     return lambda rngs: sgraf.SGRAFModel(
         2048, VOCAB, kind=args.head, chunk=args.chunk, remat=args.remat, rngs=rngs
     )
-
-
-def random_batch(rng, n, length):
-    lengths = rng.integers(max(length // 2, 1), length + 1, size=n)
-    tokens = rng.integers(4, VOCAB, size=(n, length)) * (np.arange(length) < lengths[:, None])
-    return {
-        "regions": rng.normal(size=(n, 36, 2048)).astype(np.float32),
-        "tokens": tokens.astype(np.int32),
-        "length": lengths.astype(np.int32),
-        "index": np.arange(n, dtype=np.int32),
-        "mask": np.ones(n, bool),
-    }
 
 
 def train(args):

@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 
-from _common import machine, set_cpu_devices, timed
+from _common import VOCAB, machine, random_batch, set_cpu_devices, timed
 
 set_cpu_devices(sys.argv)
 
@@ -57,21 +57,8 @@ from ncljax.train import mesh as mesh_lib  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
-VOCAB = 8481  # Flickr30K's NCR vocabulary
 CASES = ("sgr", "saf", "gsc", "eval")
 BATCH = {"sgr": 128, "saf": 128, "gsc": 96}
-
-
-def random_batch(rng, n, length):
-    lengths = rng.integers(max(length // 2, 1), length + 1, size=n)
-    tokens = rng.integers(4, VOCAB, size=(n, length)) * (np.arange(length) < lengths[:, None])
-    return {
-        "regions": rng.normal(size=(n, 36, 2048)).astype(np.float32),
-        "tokens": tokens.astype(np.int32),
-        "length": lengths.astype(np.int32),
-        "index": np.arange(n, dtype=np.int32),
-        "mask": np.ones(n, bool),
-    }
 
 
 def options(args):
@@ -197,11 +184,8 @@ def peak(args):
 def profile_case(args, case):
     if case == "eval":
         compiled, run, pairs, lengths = build_eval(args)
-        chunks_over = args.eval_captions
     else:
         compiled, run, pairs, lengths = build_train(args, case)
-        chunks_over = len(lengths)
-    assert len(lengths) == chunks_over
     program = Program(compiled.as_text())
     weights, limits = branch_weights(lengths, args.chunk, args.length, args.groups)
     executed = program.flops(weights)
