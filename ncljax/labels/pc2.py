@@ -255,6 +255,7 @@ def assign_pseudo_captions(
     *,
     clean_where: ArrayLike | None = None,
     where: ArrayLike | None = None,
+    candidates: ArrayLike | None = None,
     eps: float = 1e-8,
 ) -> tuple[jax.Array, jax.Array]:
     r"""The clean pair whose image prediction is closest to each noisy image's (Eq. 4).
@@ -273,6 +274,10 @@ def assign_pseudo_captions(
       p_clean: ``[Bc, K]`` image pseudo-predictions of the clean batch.
       clean_where: optional bool ``[Bc]``, the real clean pairs (the only candidates).
       where: optional bool ``[Bn]``, the real noisy pairs.
+      candidates: optional bool ``[Bn, Bc]``: each noisy image chooses only among its
+        candidates (the real ones); a row without a real candidate chooses among all real
+        clean pairs. Not in the paper: PC2's ``pseudo_caption_assignment='true_classes'``
+        diagnostic passes the pairs of the noisy image's true class.
       eps: floor of the norms (``1e-8``).
 
     Returns:
@@ -298,7 +303,16 @@ def assign_pseudo_captions(
         return p / jnp.maximum(jnp.linalg.norm(p, axis=1, keepdims=True), eps)
 
     cosine = unit(p_noisy) @ unit(p_clean).T
-    index = jnp.argmax(jnp.where(clean_ok[None, :], _SG(cosine), -jnp.inf), axis=1)
+    allowed = jnp.broadcast_to(clean_ok[None, :], cosine.shape)
+    if candidates is not None:
+        candidates = jnp.asarray(candidates, bool)
+        if candidates.shape != cosine.shape:
+            raise ValueError(
+                f"candidates must have shape [Bn, Bc] = {cosine.shape}, got {candidates.shape}"
+            )
+        candidates = candidates & allowed
+        allowed = jnp.where(candidates.any(1, keepdims=True), candidates, allowed)
+    index = jnp.argmax(jnp.where(allowed, _SG(cosine), -jnp.inf), axis=1)
     found = noisy_ok & clean_ok.any()
     index = jnp.where(found, index, 0).astype(jnp.int32)
     chosen = jnp.take_along_axis(cosine, index[:, None], axis=1)[:, 0]

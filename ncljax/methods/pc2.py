@@ -81,6 +81,7 @@ WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean up
 CLEAN_PSEUDO = base.MAIN + 1  # co-training with the clean and the pseudo-caption updates
 HEAD = "pseudo_classifier"
 BANK_MODES = ("paper", "code")
+PSEUDO_ASSIGNMENTS = ("predictions", "true_classes")
 _SGRAF = ("sgr", "saf")
 
 
@@ -105,6 +106,7 @@ def pc2(
     warmup_selection: bool = False,
     classifier_input: str = "auto",
     center_targets: bool = False,
+    pseudo_caption_assignment: str = "predictions",
     gmm_max_iter: int = 10,
     gmm_tol: float = 1e-2,
     gmm_reg_covar: float = 5e-4,
@@ -152,6 +154,12 @@ def pc2(
         ``'auto'`` (sequences with SGR/SAF, embeddings with the cosine head).
       center_targets: the captions' hard pseudo-labels from their logits centred on the
         batch (``ncljax.losses.pseudo_label_cross_entropy``; not in the paper or the code).
+      pseudo_caption_assignment: ``'predictions'`` (Eq. 4, the default) or
+        ``'true_classes'``, a diagnostic in neither source: each noisy image borrows, among
+        the clean pairs of its true class, the one of most similar prediction (Eq. 4 among
+        those; all clean pairs where the batch has none of its class or the dataset has no
+        classes). It separates the classifier's errors from the pseudo-caption update's
+        own effect (benchmarks/RESULTS.md).
       gmm_max_iter: EM iterations of both GMMs (10).
       gmm_tol: EM tolerance (1e-2).
       gmm_reg_covar: GMM variance floor (5e-4).
@@ -179,6 +187,11 @@ def pc2(
         )
     if min(noisy_weight, entropy_weight, classification_weight) < 0:
         raise ValueError("pc2 noisy_weight, entropy_weight and classification_weight must be >= 0.")
+    if pseudo_caption_assignment not in PSEUDO_ASSIGNMENTS:
+        raise ValueError(
+            f"pc2 pseudo_caption_assignment must be one of {PSEUDO_ASSIGNMENTS}, got "
+            f"{pseudo_caption_assignment!r}."
+        )
     if classification_start_epoch < 0:
         raise ValueError("pc2 classification_start_epoch must be >= 0.")
     if noisy_margin_cutoff is not None and not 0.0 <= noisy_margin_cutoff <= 1.0:
@@ -309,8 +322,12 @@ def pc2(
         x_clean, _ = classifier_inputs(model, image_clean, None, clean, with_text=False)
         p_noisy = jax.nn.softmax(classifier(x_noisy), axis=-1)
         p_clean = jax.nn.softmax(classifier(x_clean), axis=-1)
+        candidates = None
+        if pseudo_caption_assignment == "true_classes":  # a diagnostic (see the docstring)
+            image_class = noisy["label_image"][:, None]
+            candidates = (image_class >= 0) & (image_class == clean["label_text"][None, :])
         index, cosine = pc2_labels.assign_pseudo_captions(
-            p_noisy, p_clean, clean_where=clean["mask"], where=noisy["mask"]
+            p_noisy, p_clean, clean_where=clean["mask"], where=noisy["mask"], candidates=candidates
         )
         borrowed = pc2_labels.gather_rows({k: text_clean[k] for k in model.text_keys}, index)
         if "valid" in text_clean:  # the borrowed captions of real noisy pairs are real

@@ -430,6 +430,36 @@ def test_assign_pseudo_captions_matches_oracle():
     assert index_all[0] == 3 and abs(float(cosine_all[0]) - 1.0) < 1e-6
 
 
+def test_assign_among_candidates_matches_oracle():
+    """Each noisy image chooses among its candidates; a row without a real candidate
+    chooses among all real clean pairs."""
+    rng = np.random.default_rng(7)
+    candidates = rng.random((len(P_NOISY), len(P_CLEAN))) < 0.4
+    candidates[1] = False  # no candidate at all: every real clean pair
+    candidates[2] = ~np.asarray(CLEAN_WHERE)  # only padding: every real clean pair
+    index, cosine = jax.jit(
+        functools.partial(pc2.assign_pseudo_captions, clean_where=CLEAN_WHERE, where=NOISY_WHERE)
+    )(P_NOISY, P_CLEAN, candidates=candidates)
+    for i in range(len(P_NOISY)):
+        if not NOISY_WHERE[i]:
+            assert index[i] == 0 and cosine[i] == 0.0
+            continue
+        own = candidates[i] & np.asarray(CLEAN_WHERE)
+        pool = own if own.any() else np.asarray(CLEAN_WHERE)
+        want_index, want_cosine = np_assign(P_NOISY[i : i + 1], P_CLEAN, pool, [True])
+        assert index[i] == want_index[0], i
+        np.testing.assert_allclose(cosine[i], want_cosine[0], rtol=RTOL, atol=ATOL)
+    everything = np.ones((len(P_NOISY), len(P_CLEAN)), bool)
+    same = pc2.assign_pseudo_captions(
+        P_NOISY, P_CLEAN, clean_where=CLEAN_WHERE, where=NOISY_WHERE, candidates=everything
+    )
+    plain = pc2.assign_pseudo_captions(P_NOISY, P_CLEAN, clean_where=CLEAN_WHERE, where=NOISY_WHERE)
+    np.testing.assert_array_equal(same[0], plain[0])
+    assert (np.asarray(index) != np.asarray(plain[0])).any()  # the candidates changed a choice
+    with pytest.raises(ValueError, match="candidates"):
+        pc2.assign_pseudo_captions(P_NOISY, P_CLEAN, candidates=everything[:, :3])
+
+
 def test_assign_without_a_real_clean_pair_and_bad_shapes():
     index, cosine = pc2.assign_pseudo_captions(
         P_NOISY, P_CLEAN, clean_where=np.zeros(7, bool), where=NOISY_WHERE

@@ -509,6 +509,43 @@ def test_pseudo_caption_forward_borrows_the_clean_captions_own_features(pairs, h
     )
 
 
+def test_true_class_assignment_borrows_within_the_noisy_images_class(pairs):
+    """The ``'true_classes'`` diagnostic: each noisy image borrows the clean pair of its own
+    class whose prediction is most cosine-similar (Eq. 4 among those), every clean pair
+    where the batch has none of its class; the default ignores the classes."""
+    info, batches = pairs
+    clean = {k: jnp.asarray(v) for k, v in batches[0].items()}
+    perm = np.random.default_rng(0).permutation(B)
+    noisy = {k: v[perm] for k, v in clean.items()}
+    shift = np.random.default_rng(1).normal(size=noisy["global_image"].shape)
+    noisy["global_image"] = noisy["global_image"] + jnp.asarray(shift, jnp.float32)  # new images
+    ctx = _ctx(pc2.CLEAN_PSEUDO, 1, (clean, noisy))
+    chosen = {}
+    for assignment in ("predictions", "true_classes"):
+        method = _method(pseudo_caption_assignment=assignment)
+        model = _build(method, _model_cfg(), info)
+        out = method.forward_fn(model, noisy, None, train=True, rngs=nnx.Rngs(0), phase=2, ctx=ctx)
+        chosen[assignment] = np.asarray(out["pseudo_index"])
+    p_n, p_c = (np.asarray(out[k], np.float64) for k in ("p_noisy", "p_clean"))
+    cos = (p_n / np.linalg.norm(p_n, axis=1, keepdims=True)) @ (
+        p_c / np.linalg.norm(p_c, axis=1, keepdims=True)
+    ).T
+    image_class, caption_class = np.asarray(noisy["label_image"]), np.asarray(clean["label_text"])
+    real_clean, checked = np.asarray(clean["mask"]), 0
+    for i in np.flatnonzero(np.asarray(noisy["mask"])):
+        pool = real_clean & (caption_class == image_class[i])
+        if not pool.any():
+            pool = real_clean
+        else:
+            checked += 1
+            assert caption_class[chosen["true_classes"][i]] == image_class[i]
+        assert chosen["true_classes"][i] == np.flatnonzero(pool)[cos[i, pool].argmax()]
+    assert checked >= B // 2
+    assert (chosen["true_classes"] != chosen["predictions"]).any()
+    with pytest.raises(ValueError, match="pseudo_caption_assignment"):
+        _method(pseudo_caption_assignment="oracle")
+
+
 # --- steps: two sequential updates, the bank at global ids, 1 device against 8 ----------------
 
 
@@ -715,30 +752,37 @@ def _synthetic(name, rate, **kwargs):
 @pytest.mark.slow
 @pytest.mark.parametrize("rate", [0.4, 0.6])
 def test_pc2_against_ncr_and_vse_on_the_synthetic_data(tmp_path, rate):
-    """PC2 against NCR and VSE++ trained the same way (``configs/<name>.py:synthetic``), and
-    PC2* (the paper's Table 7 variant, ``noisy_weight=0``: no pseudo-caption update).
+    """PC2 against NCR and VSE++ trained the same way (``configs/<name>.py:synthetic``).
 
-    Measured (test rSum; benchmarks/RESULTS.md, one device): PC2 / PC2* / NCR / VSE++ =
-    344.3 / 493.2 / 457.4 / 246.1 at 40% and 318.8 / - / 193.4 / 118.4 at 60%. On this data
-    the pseudo-caption update (from co-training epoch 5, where the best validation score is
-    forgotten) hurts: a borrowed caption describes another image (class accuracy 0.27 at
-    40%, 0.21 at 60%; a random class 0.10), and its separate Adam step is full-sized
-    whatever ``lambda_n``. At 60% PC2's clean side (pseudo-classification, rectified margins)
-    still carries it far above NCR; at 40% only PC2* beats NCR. About 5-11 minutes per run
-    on 2 cores."""
-    scores, runs = {}, {"pc2": {}, "ncr": {}, "vse": {}}
-    if rate == 0.4:
-        runs["pc2_star"] = {"noisy_weight": 0.0}
-    for name, kwargs in runs.items():
-        config = _synthetic(name.split("_")[0], rate, **kwargs)
-        scores[name] = train_and_evaluate(config, str(tmp_path / name))
+    Measured (test rSum; benchmarks/RESULTS.md, one device): PC2 / NCR / VSE++ =
+    497.3 / 457.4 / 246.1 at 40% and 457.5 / 193.4 / 118.4 at 60%. The synthetic config
+    weights the pseudo-caption update by ``lambda_n = 0.01`` (see ``configs/pc2.py``: at 1 the
+    update costs 90-200 validation rSum on this data, PC2 344.3 at 40%). Its pseudo-captions
+    have the noisy image's latent class 0.26-0.28 of the time here (a random class: 0.10);
+    where a class shares its concepts they are mostly right (the next test). About 5-11
+    minutes per run on 2 cores."""
+    scores = {}
+    for name in ("pc2", "ncr", "vse"):
+        scores[name] = train_and_evaluate(_synthetic(name, rate), str(tmp_path / name))
     print({name: (round(s["rsum"], 1), s["best_epoch"]) for name, s in scores.items()})
-    assert scores["pc2"]["rsum"] > scores["vse"]["rsum"] + 50, scores
-    if rate == 0.4:
-        assert scores["pc2_star"]["rsum"] > scores["ncr"]["rsum"], scores
-    else:
-        assert scores["pc2"]["rsum"] > scores["ncr"]["rsum"] + 50, scores
+    assert scores["pc2"]["rsum"] > scores["vse"]["rsum"] + 100, scores
+    assert scores["pc2"]["rsum"] > scores["ncr"]["rsum"] + (20 if rate == 0.4 else 100), scores
     assert scores["pc2"]["best_epoch"] >= 2 + 5  # selected after E_2 only
     rows = read_metrics(tmp_path / "pc2")
     accuracy = [r["pseudo_caption_accuracy"] for r in rows if "pseudo_caption_accuracy" in r]
-    assert np.mean(accuracy) > 0.15, accuracy  # a random class: 0.1 (not "mostly right")
+    assert np.mean(accuracy) > 0.15, accuracy  # a random class: 0.1
+
+
+@pytest.mark.slow
+def test_pseudo_captions_are_mostly_right_where_a_class_shares_its_concepts(tmp_path):
+    """In a synthetic world whose images of one class show the same few concepts
+    (``class_purity=1``, 6 core concepts for 4 per image), the pseudo-classifier recovers the
+    latent classes and most borrowed captions have the noisy image's class (measured:
+    0.89-0.91 per epoch at 40% noise; in the default world, where two images of a class
+    share 0.75 of their 4 concepts on average, 0.26-0.28)."""
+    config = _synthetic("pc2", 0.4)
+    config.data.class_purity, config.data.core_concepts = 1.0, 6
+    train_and_evaluate(config, str(tmp_path))
+    rows = read_metrics(tmp_path)
+    accuracy = [r["pseudo_caption_accuracy"] for r in rows if "pseudo_caption_accuracy" in r]
+    assert np.mean(accuracy) > 0.8, accuracy
