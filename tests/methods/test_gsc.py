@@ -295,7 +295,7 @@ def test_gsc_beats_vse_and_detects_the_noise_on_synthetic_data(tmp_path):
     [
         pytest.param("sgr", "attention", marks=pytest.mark.slow),  # SAF holds every BatchNorm
         ("saf", "attention"),
-        ("saf", "aligned"),
+        pytest.param("saf", "aligned", marks=pytest.mark.slow),
     ],
 )
 def test_intra_modal_passes_keep_padding_out_of_batchnorm(kind, text_form):

@@ -549,9 +549,11 @@ def pad_batch(batch, extra):
 
 
 @pytest.mark.parametrize(
-    # SAF holds every kind of BatchNorm of the heads (SGR only VisualSA's); 15 s each.
+    # SAF holds every kind of BatchNorm of the heads (SGR only VisualSA's); 15-35 s each. The
+    # default run checks padding against SAF's BatchNorms in a whole train step
+    # (tests/train/test_plans.py).
     "kind",
-    [pytest.param("sgr", marks=pytest.mark.slow), "saf"],
+    [pytest.param("sgr", marks=pytest.mark.slow), pytest.param("saf", marks=pytest.mark.slow)],
 )
 def test_padding_never_reaches_a_batchnorm_statistic(kind):
     """A train-mode forward of a padded batch equals that of its real pairs alone: the
@@ -642,7 +644,10 @@ def _grouped_head(kind, groups, *, chunk=2, remat=False, seed=50):
     return randomize(head, seed + 100)
 
 
-@pytest.mark.parametrize(("kind", "train"), [("sgr", False), ("saf", False), ("saf", True)])
+@pytest.mark.parametrize(
+    ("kind", "train"),
+    [("sgr", False), pytest.param("saf", False, marks=pytest.mark.slow), ("saf", True)],
+)
 def test_length_grouped_head_equals_padded(kind, train):
     # Lengths 3, 1, 7, 5, 2 in chunks of 2: sorted 1, 2 | 3, 5 | 7 (+ a padding copy), so
     # the chunks run at different static lengths; padding words hold garbage.
@@ -661,7 +666,14 @@ def test_length_grouped_head_equals_padded(kind, train):
             np.testing.assert_allclose(grouped, padded, rtol=EXACT, atol=EXACT)
 
 
-@pytest.mark.parametrize(("kind", "remat"), [("saf", False), ("sgr", True), ("sgr", "projections")])
+@pytest.mark.parametrize(
+    ("kind", "remat"),
+    [  # SAF's grouping: test_length_grouped_head_equals_padded; full remat: the next test
+        pytest.param("saf", False, marks=pytest.mark.slow),
+        pytest.param("sgr", True, marks=pytest.mark.slow),
+        ("sgr", "projections"),
+    ],
+)
 def test_length_grouped_gradients_equal_padded(kind, remat):
     # Padded and plain-stored, grouped and rematerialised with the given policy.
     image, text = to_jax(make_inputs(seed=53))

@@ -57,7 +57,14 @@ def test_sgr_similarity_matrix_is_the_pairwise_head(encoded):
             np.testing.assert_allclose(one[0, 0], full[i, k], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("image_chunk,text_chunk,pair_chunk", [(6, 30, 0), (4, 7, 3), (1, 5, 1)])
+@pytest.mark.parametrize(
+    "image_chunk,text_chunk,pair_chunk",
+    [  # (4, 7, 3) chunks every axis unevenly; the others are slow
+        pytest.param(6, 30, 0, marks=pytest.mark.slow),
+        (4, 7, 3),
+        pytest.param(1, 5, 1, marks=pytest.mark.slow),
+    ],
+)
 def test_chunked_evaluation_equals_unchunked(encoded, image_chunk, text_chunk, pair_chunk):
     graphdef, state, images, texts, full = encoded
     model = nnx.merge(graphdef, *state)

@@ -121,7 +121,7 @@ def test_one_view_is_the_model_without_views(make):
     jax.tree.map(np.testing.assert_array_equal, shared, nnx.to_pure_dict(nnx.state(one)))
 
 
-@pytest.mark.parametrize("kind", ["sgr", "saf"])
+@pytest.mark.parametrize("kind", ["sgr", pytest.param("saf", marks=pytest.mark.slow)])
 def test_sgraf_views_are_the_head_on_each_projection(kind):
     batch = make_batch()
     model = sgraf(kind, views=2)
@@ -150,7 +150,7 @@ def _running(model):
     return [np.asarray(x[...]) for m in modules for x in (m.mean, m.var)]
 
 
-@pytest.mark.parametrize("kind", ["sgr", "saf"])
+@pytest.mark.parametrize("kind", ["sgr", pytest.param("saf", marks=pytest.mark.slow)])
 def test_two_views_update_the_shared_batchnorms_once_per_view(kind):
     batch = {**make_batch(1), "mask": jnp.ones(BATCH, bool)}
     model = sgraf(kind, views=2)
