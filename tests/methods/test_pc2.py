@@ -778,8 +778,8 @@ def test_pseudo_captions_are_mostly_right_where_a_class_shares_its_concepts(tmp_
     """In a synthetic world whose images of one class show the same few concepts
     (``class_purity=1``, 6 core concepts for 4 per image), the pseudo-classifier recovers the
     latent classes and most borrowed captions have the noisy image's class (measured:
-    0.89-0.91 per epoch at 40% noise; in the default world, where two images of a class
-    share 0.75 of their 4 concepts on average, 0.26-0.28)."""
+    0.89-0.94 per epoch at 40% noise; in the default world, where two images of a class
+    share 0.75 of their 4 concepts on average, 0.25-0.28). About 9 minutes on 2 cores."""
     config = _synthetic("pc2", 0.4)
     config.data.class_purity, config.data.core_concepts = 1.0, 6
     train_and_evaluate(config, str(tmp_path))
