@@ -335,7 +335,11 @@ def test_padding_reaches_no_loss_memory_row_or_batchnorm_statistic(setup):
             jax.tree.leaves(getattr(alone, field)),
             strict=True,
         ):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=field)
+            # Round-off of sums over 5 rows against 8 (3 masked) reaches 8e-5 of a leaf's
+            # largest entry in the optimiser's momentum on AVX-512 CPUs; a padded row that
+            # leaked into a loss or a BatchNorm statistic moves entries by O(that entry).
+            atol = 1e-5 + 2e-4 * float(np.abs(want).max())
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol, err_msg=field)
     seen = padded.memory.samples["seen"][0]
     np.testing.assert_array_equal(np.flatnonzero(seen), sorted(main + aux))  # rows written
 
