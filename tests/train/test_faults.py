@@ -55,9 +55,15 @@ def _same_rows(got, want):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """An uninterrupted 3-epoch run, and one killed after epoch 1 (checkpoints 10 and 20)."""
+    """An uninterrupted 3-epoch run, and one killed after epoch 1 (checkpoints 10 and 20).
+
+    Text dropout, so its randomness must resume exactly too, and batches of two widths
+    (one compilation each); the tests below resume the killed run and compare it with the
+    uninterrupted one."""
     root = tmp_path_factory.mktemp("runs")
     config = _config()
+    config.model.text_dropout = 0.2
+    config.data.length_buckets = (10, 12)
     straight = train_and_evaluate(config, str(root / "straight"))
     with pytest.raises(Crash):
         train_and_evaluate(config, str(root / "crashed"), callbacks=[_crash_at(1)])
@@ -184,7 +190,7 @@ def test_kill_between_best_and_latest_save_keeps_the_runs_own_best(tmp_path, mon
 def test_mid_pass_resume_logs_the_rows_of_the_uninterrupted_run(tmp_path, monkeypatch):
     config = _config(epochs=2)
     config.train.checkpoint_every_steps = 3  # steps 3, 6, 9, 12, ...; a log line every 4
-    train_and_evaluate(config, str(tmp_path / "straight"))
+    straight = train_and_evaluate(config, str(tmp_path / "straight"))
     save = checkpoint.Checkpointer.save
 
     def crash_after_step_12(self, state, meta, streams):
@@ -196,7 +202,8 @@ def test_mid_pass_resume_logs_the_rows_of_the_uninterrupted_run(tmp_path, monkey
     with pytest.raises(Crash):
         train_and_evaluate(config, str(tmp_path / "resumed"))
     monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
-    train_and_evaluate(config, str(tmp_path / "resumed"))
+    resumed = train_and_evaluate(config, str(tmp_path / "resumed"))
+    assert resumed == pytest.approx(straight, abs=1e-9)
     _same_rows(read_metrics(tmp_path / "resumed"), read_metrics(tmp_path / "straight"))
 
 

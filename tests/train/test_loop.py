@@ -74,6 +74,10 @@ def test_quickstart_quick_learns(tmp_path):
     assert results["best_epoch"] == int(np.argmax([r["rsum"] for r in val]))
 
 
+# Slow: tests/train/test_faults.py resumes the same kind of run (text dropout, two batch
+# widths, killed after an epoch) to the uninterrupted run's results and rows in the default
+# run (test_full_disk_during_a_save..., test_damaged_latest_checkpoint...).
+@pytest.mark.slow
 def test_crash_and_resume_matches_uninterrupted_run(tmp_path):
     config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.model.embed_dim, config.model.word_dim = 32, 16
@@ -280,6 +284,10 @@ class _FlakyDataset(_PoisonedDataset):
         return _FlakySplit(self._inner.split(name)) if name == "train" else self._inner.split(name)
 
 
+# Slow: a mid-epoch resume from a step checkpoint to the uninterrupted run's results and
+# rows is tested in the default run by test_faults.py::test_mid_pass_resume_logs_the_rows...
+# and test_plans.py::test_resume_mid_pass_gives_the_uninterrupted_run.
+@pytest.mark.slow
 def test_mid_epoch_crash_resumes_from_step_checkpoint(tmp_path):
     sources.register("flaky_synthetic")(_FlakyDataset)
     config = tiny(load_config("vse", "synthetic"), epochs=2)
