@@ -755,7 +755,9 @@ def test_pc2_against_ncr_and_vse_on_the_synthetic_data(tmp_path, rate):
     """PC2 against NCR and VSE++ trained the same way (``configs/<name>.py:synthetic``).
 
     Measured (test rSum; benchmarks/RESULTS.md, one device): PC2 / NCR / VSE++ =
-    497.3 / 457.4 / 246.1 at 40% and 457.5 / 193.4 / 118.4 at 60%. The synthetic config
+    497.3 / 457.4 / 246.1 at 40% and 457.5 / 193.4 / 118.4 at 60%; through this test
+    489.3 / 458.2 / 273.8 and 455.4 / 211.4 / 125.6 (26 min for the three slow tests with
+    ``-n 2``). The synthetic config
     weights the pseudo-caption update by ``lambda_n = 0.01`` (see ``configs/pc2.py``: at 1 the
     update costs 90-200 validation rSum on this data, PC2 344.3 at 40%). Its pseudo-captions
     have the noisy image's latent class 0.26-0.28 of the time here (a random class: 0.10);
