@@ -26,7 +26,7 @@ DATASETS = ("synthetic", *presets.LABELLED)
 
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS)
-    config = presets.start(dataset, labels=True)
+    config = presets.start(dataset, labels=True, world=config_lib.world_of(options))
     config.method = "ce"
     config.method_kwargs = config_lib.method_kwargs("ce")
     return presets.quick(config) if "quick" in options else config

@@ -49,7 +49,7 @@ def get_config(arg: str = "synthetic"):
     chosen = sorted(options & {"code", "single"})
     if len(chosen) > 1 or (chosen and dataset == "synthetic"):
         raise ValueError(f"Config argument {arg!r}: one of 'code', 'single' with a real dataset.")
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "gsc"
     config.method_kwargs = config_lib.method_kwargs("gsc")
     if dataset != "synthetic":

@@ -21,7 +21,7 @@ DATASETS = ("synthetic", "f30k", "coco", "cc152k")
 
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS)
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "infonce"
     config.method_kwargs = config_lib.method_kwargs("infonce", temperature=0.07)
     return presets.quick(config) if "quick" in options else config

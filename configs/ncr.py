@@ -43,7 +43,7 @@ CODE = dict(margin_of="image", target_prediction="first")  # the official code's
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS, ("quick", "code"))
     warmup, cotrain, lr_update = SCHEDULES[dataset]
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "ncr"
     kwargs = dict(warmup_epochs=warmup, noisy_start_epoch=cotrain // 2)
     config.method_kwargs = config_lib.method_kwargs(

@@ -76,7 +76,7 @@ CODE = dict(  # the official code's switches
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS, ("quick", "code"))
     warmup, cotrain, lr_update = SCHEDULES[dataset]
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "pc2"
     kwargs = dict(warmup_epochs=warmup, pseudo_start_epoch=min(PSEUDO_START, cotrain // 2))
     if dataset == "synthetic":  # see the docstring: the classifier without collapse

@@ -25,7 +25,7 @@ DATASETS = ("synthetic",)
 
 def get_config(arg: str = ""):
     _, options = config_lib.parse_arg(arg, DATASETS)
-    config = presets.start("synthetic")
+    config = presets.start("synthetic", world=config_lib.world_of(options))
     config.method = "gsc"
     config.method_kwargs = config_lib.method_kwargs("gsc", num_networks=1)
     if "quick" in options:  # a larger smoke run than presets.quick: GSC's labels must settle

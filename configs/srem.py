@@ -45,7 +45,7 @@ DATASETS = tuple(SCHEDULES)
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS)
     warmup, main, decay_every = SCHEDULES[dataset]
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "srem"
     config.method_kwargs = config_lib.method_kwargs("srem", warmup_epochs=warmup)
     config.train.epochs = warmup + main

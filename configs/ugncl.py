@@ -50,7 +50,7 @@ DATASETS = tuple(SCHEDULES)
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS)
     warmup, main, decay_every = SCHEDULES[dataset]
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "ugncl"
     kwargs = {"warmup_epochs": warmup}
     if dataset == "synthetic":

@@ -43,7 +43,7 @@ SYNTHETIC = dict(relation_weight=0.0, warmup_epochs=4)  # chosen on validation, 
 
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS)
-    config = presets.start(dataset, labels=True)
+    config = presets.start(dataset, labels=True, world=config_lib.world_of(options))
     config.method = "uot_rcl"
     extra = SYNTHETIC if dataset == "synthetic" else {}
     kwargs = config_lib.method_kwargs("uot_rcl", neighbours=NEIGHBOURS[dataset], **extra)

@@ -30,7 +30,7 @@ DATASETS = ("synthetic", "f30k", "coco", "cc152k", "now")
 
 def get_config(arg: str = "synthetic"):
     dataset, options = config_lib.parse_arg(arg, DATASETS)
-    config = presets.start(dataset)
+    config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "vse"
     config.method_kwargs = config_lib.method_kwargs("vse", margin=0.2, negatives="hardest")
     config.train.epochs = EPOCHS.get(dataset, config.train.epochs)

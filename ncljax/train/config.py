@@ -166,25 +166,49 @@ def switch_dataset(config, name: str, *, keep: Collection[str] = ()) -> ml_colle
 def parse_arg(
     arg: str, datasets: Sequence[str], options: Sequence[str] = ("quick",)
 ) -> tuple[str, frozenset[str]]:
-    """Splits a config file's argument ``'<dataset>[,<option>...]'``.
+    """Splits a config file's argument ``'<dataset>[,<option>...][,world=<name>]'``.
+
+    ``world=<name>`` (the synthetic dataset only) picks a world of ``ncljax.train.worlds``;
+    ``world_of(options)`` reads it back.
 
     Returns:
       The dataset (the first of ``datasets`` when ``arg`` names none) and the options.
 
     Raises:
-      ValueError: for an unknown word or more than one dataset, listing what is allowed.
+      ValueError: for an unknown word, an unknown world or more than one dataset, listing
+        what is allowed.
     """
+    from ncljax.train import worlds  # late: worlds reads unread, which imports this module
+
     words = [w for w in arg.split(",") if w]
     named = [w for w in words if w in datasets]
-    unknown = [w for w in words if w not in datasets and w not in options]
-    if unknown or len(named) > 1:
+    world = [w for w in words if w.startswith("world=")]
+    unknown = [w for w in words if w not in datasets and w not in options and w not in world]
+    if unknown or len(named) > 1 or len(world) > 1:
         example = ",".join([datasets[-1], *options[:1]])
         with_options = f", optionally with options {tuple(options)}" if options else ""
+        with_world = ", and world=<name> with synthetic" if "synthetic" in datasets else ""
         raise ValueError(
             f"Unknown config argument {arg!r}: use one dataset of {tuple(datasets)}"
-            f"{with_options}, comma-separated (e.g. '{example}')."
+            f"{with_options}{with_world}, comma-separated (e.g. '{example}')."
         )
-    return (named[0] if named else datasets[0]), frozenset(w for w in words if w in options)
+    dataset = named[0] if named else datasets[0]
+    if world:
+        if dataset != "synthetic":
+            raise ValueError(
+                f"Config argument {arg!r}: {world[0]} picks a synthetic world; use it with "
+                "the synthetic dataset (e.g. 'synthetic," + world[0] + "')."
+            )
+        worlds.get(world[0].removeprefix("world="))  # an unknown world: one clear message
+    return dataset, frozenset(w for w in words if w in options or w in world)
+
+
+def world_of(options: Collection[str]) -> str | None:
+    """The world named by ``parse_arg``'s options (``world=<name>``), or None."""
+    for word in options:
+        if word.startswith("world="):
+            return word.removeprefix("world=")
+    return None
 
 
 def load_file(path: str, arg: str = "") -> ml_collections.ConfigDict:

@@ -13,6 +13,7 @@ import ml_collections
 
 from ncljax.data import sources
 from ncljax.train import config as config_lib
+from ncljax.train import worlds
 
 PRECOMP = ("f30k", "coco", "cc152k", "now")
 LABELLED = ("wiki", "nuswide", "xmedianet", "inria")
@@ -83,7 +84,9 @@ def _synthetic_labels(config) -> None:
     config.train.epochs, config.train.batch_size, config.eval.batch_size = 20, 100, 200
 
 
-def start(dataset: str, *, labels: bool = False) -> ml_collections.ConfigDict:
+def start(
+    dataset: str, *, labels: bool = False, world: str | None = None
+) -> ml_collections.ConfigDict:
     """The base config for ``dataset`` with its protocol and its papers' backbone.
 
     Args:
@@ -91,10 +94,13 @@ def start(dataset: str, *, labels: bool = False) -> ml_collections.ConfigDict:
         (``LABELLED``).
       labels: on the synthetic data, the noisy-label setting (category retrieval, mAP)
         instead of noisy correspondence (Recall@K).
+      world: on the synthetic data, a world of ``ncljax.train.worlds`` (None: the preset).
     """
     config = config_lib.base_config()
     if dataset == "synthetic":
         (_synthetic_labels if labels else _synthetic_pairs)(config)
+        if world is not None:
+            worlds.apply(config, world)
         return config
     config_lib.set_data(config, sources.default_config(dataset))
     if dataset in PRECOMP:
