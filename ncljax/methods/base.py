@@ -102,6 +102,20 @@ Evaluation: a network's similarities (one matrix per image view: UGNCL's models 
 several, every other model one) pass through ``eval_transform``; those of all views and
 networks of a run, and then of an ensemble's runs, are combined by ``eval_pool``.
 
+Estimators on data nobody tuned them on: a threshold or margin that a method applies to
+a similarity-derived score (an energy, an uncertainty, a loss) is scale-free or
+calibrated from the data. Such a method takes ``calibration='data'`` (the default: the
+value is derived from the scores' own distribution, documented in the factory with the
+equation it replaces) or ``'paper'`` (the paper's constants, which the config files keep
+on the paper's own backbone, SGR/SAF on the precomp benchmarks). A division that
+degenerates (no pair selected, every pair in one set, components that separate nothing)
+falls back by the rule its factory documents (the previous non-degenerate division, or
+the warm-up objective), logs a warning with "fallback" once per epoch, and reports
+``division_fallback`` (0 or 1) among its refresh diagnostics: a method never trains on
+no pair for more than one epoch. ``configs/<method>.py:synthetic,world=<name>`` trains on
+the other synthetic worlds (``ncljax.train.worlds``); ``python -m ncljax.report`` sweeps
+methods x worlds x noise rates x seeds.
+
 Phases: ``EpochPlan.phase`` is a small int; ``WARMUP`` and ``MAIN`` are shared by every
 method with a warm-up, a method numbers further phases after ``MAIN``, and ``STATS`` is
 the phase its ``forward_fn`` sees in the trainer's statistics pass (eval mode).
