@@ -102,8 +102,8 @@ WORLDS: Mapping[str, World] = MappingProxyType(
             LABELS, "global", 100,
         ),
         "labels_small": _world(
-            "2,000 pairs, 10 classes, global vectors, batch 50",
-            LABELS, "global", 50,
+            "2,000 pairs, 10 classes, global vectors, batch 48",
+            LABELS, "global", 48,
             num_train=2000, num_val=300, num_test=500,
         ),
         "labels_many_classes": _world(

@@ -1,0 +1,735 @@
+r"""Robustness report: methods x worlds x noise rates x seeds, as resumable runs, in one table.
+
+  python -m ncljax.report --out=reports/robustness      # every pairs method, world and rate
+  python -m ncljax.report --out=reports/robustness --methods=vse,infonce,ncr \
+      --worlds=small_global,blurred --rates=0,0.4,0.6 --seeds=0,1,2 --jobs=2
+  python -m ncljax.report --out=reports/labels --family=labels      # CE and UOT-RCL, mAP
+  python -m ncljax.report --out=/tmp/smoke --quick --set=train.epochs=1  # a smoke sweep
+  python -m ncljax.report --out=reports/robustness --aggregate_only     # tables only
+
+Every run is ``python train.py --config=configs/<method>.py:synthetic,world=<world>`` (the
+method's shipped ``:synthetic`` config, unchanged: e.g. GSC is GSC+ with two networks,
+SREM and UGNCL their synthetic settings; ``--quick`` adds the files' ``quick`` option)
+with ``--config.noise.rate=<rate> --config.noise.seed=<seed> --config.seed=<seed>``; at
+rate 0 the noise is switched off (``noise.kind=none``, the noise seed unread) and only
+``seed`` changes between seeds. ``--set=field=value`` (repeatable) adds
+``--config.field=value`` to every run. Each run trains in its own process and workdir,
+``<out>/runs/<family>/<method>/<world>/rate<rate>/seed<seed>/``, its output in
+``log.txt`` there; at most ``--jobs`` run at a time (several jobs on one GPU: the child
+processes get ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless the environment sets it).
+A run whose ``results.json`` exists is skipped, an interrupted one resumes from its
+checkpoint (``train.py`` resumes by itself), so rerunning the command finishes a sweep
+and adding seeds, rates, worlds or methods extends it. One ``--out`` holds one setting:
+a sweep whose ``--quick``/``--set`` differ from those of the runs already there is
+refused. A failed run is reported (method, world, rate, seed, its log and the log's last
+line) and the sweep goes on; the command exits non-zero when a run failed.
+
+The report covers every finished run under ``<out>/runs/<family>/``:
+
+- ``<out>/report_<family>.csv``: one row per world x method x rate with ``n`` (seeds),
+  the mean and sample standard deviation (``ddof=1``; empty for one seed) over seeds of
+  the test rSum (pairs) or test mAP (``map_avg``, labels) of the best-validation epoch,
+  of the noise-detection AUC of the method's final clean estimate (``noise_auc`` of
+  ``results.json``; empty for the baselines, which estimate nothing, and at rate 0) and
+  of the best epoch, and the mean wall time of a run;
+- ``<out>/report_<family>.md``: the same table, the runs below the baseline (pairs:
+  InfoNCE at rates above 0, VSE++ at rate 0; labels: CE), the failed runs, the sweep's
+  wall time and each run's;
+- ``<out>/report_<family>.png``: rSum (mAP) against the noise rate, one panel per world,
+  one line per method, error bars of one standard deviation (matplotlib, a test extra).
+
+A run's wall time is that of the invocation that finished it (``report_run.json`` in its
+workdir), compilation and evaluation included.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import dataclasses
+import datetime
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from ncljax.train import worlds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_SCRIPT = os.path.join(ROOT, "train.py")
+CONFIG_DIR = os.path.join(ROOT, "configs")
+RATES = (0.0, 0.2, 0.4, 0.6, 0.8)
+RECORD = "report_run.json"  # in each workdir: how and how long the report ran it
+# Fields every run sets itself; --set may not change them.
+OWN_FIELDS = ("seed", "noise.kind", "noise.rate", "noise.seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A problem family: its methods (baselines first), test metric and baselines."""
+
+    methods: tuple[str, ...]
+    metric: str  # the key of results.json
+    label: str  # how the tables name it
+    baseline_clean: str  # the baseline at rate 0
+    baseline_noisy: str  # the baseline at rates above 0
+    digits: int
+
+
+FAMILIES = {
+    worlds.PAIRS: Family(
+        methods=("vse", "infonce", "ncr", "gsc", "srem", "ugncl", "pc2"),
+        metric="rsum",
+        label="rSum",
+        baseline_clean="vse",
+        baseline_noisy="infonce",
+        digits=1,
+    ),
+    worlds.LABELS: Family(
+        methods=("ce", "uot_rcl"),
+        metric="map_avg",
+        label="mAP",
+        baseline_clean="ce",
+        baseline_noisy="ce",
+        digits=3,
+    ),
+}
+NAMES = {"vse": "VSE++", "infonce": "InfoNCE", "ce": "CE"}
+
+
+class Run(NamedTuple):
+    """One training run of the sweep."""
+
+    family: str
+    method: str
+    world: str
+    rate: float
+    seed: int
+
+    def workdir(self, out: str) -> str:
+        return os.path.join(
+            out,
+            "runs",
+            self.family,
+            self.method,
+            self.world,
+            f"rate{self.rate:g}",
+            f"seed{self.seed}",
+        )
+
+    def describe(self) -> str:
+        return f"{self.method} on {self.world} at rate {self.rate:g}, seed {self.seed}"
+
+
+def plan(
+    family: str,
+    methods: Sequence[str] | None = None,
+    world_names: Sequence[str] | None = None,
+    rates: Sequence[float] = RATES,
+    seeds: Sequence[int] = (0,),
+) -> list[Run]:
+    """The runs of a sweep, in (world, rate, seed, method) order so that every panel of the
+    report fills in early. ``None``: every method (world) of the family.
+
+    Raises:
+      ValueError: an unknown family, a method or world of another family, a rate outside
+        [0, 1], or an empty list.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown family {family!r}; use one of {tuple(FAMILIES)}.")
+    methods = tuple(dict.fromkeys(methods or FAMILIES[family].methods))
+    world_names = tuple(dict.fromkeys(world_names or worlds.names(family)))
+    rates, seeds = tuple(dict.fromkeys(map(float, rates))), tuple(dict.fromkeys(map(int, seeds)))
+    bad = [m for m in methods if m not in FAMILIES[family].methods]
+    if bad:
+        raise ValueError(
+            f"Methods {bad} are not of family {family!r}; use {FAMILIES[family].methods}."
+        )
+    bad = [w for w in world_names if w not in worlds.names(family)]
+    if bad:
+        raise ValueError(f"Worlds {bad} are not of family {family!r}; use {worlds.names(family)}.")
+    if any(not 0 <= r <= 1 for r in rates):
+        raise ValueError(f"Noise rates must be in [0, 1], got {list(rates)}.")
+    if not rates or not seeds:
+        raise ValueError("Give at least one noise rate and one seed.")
+    return [
+        Run(family, m, w, r, s) for w in world_names for r in rates for s in seeds for m in methods
+    ]
+
+
+def train_args(run: Run, *, quick: bool = False, sets: Sequence[str] = ()) -> list[str]:
+    """``train.py``'s arguments for ``run`` (all but ``--workdir``); ``sets`` holds
+    ``field=value`` overrides for every run."""
+    options = ",".join(["synthetic", *(["quick"] if quick else []), f"world={run.world}"])
+    args = [f"--config={os.path.join(CONFIG_DIR, run.method)}.py:{options}"]
+    if run.rate == 0:  # noise off: validation refuses a noise seed nothing reads
+        args += ["--config.noise.kind=none", "--config.noise.rate=0.0"]
+    else:
+        args += [f"--config.noise.rate={run.rate:g}", f"--config.noise.seed={run.seed}"]
+    args.append(f"--config.seed={run.seed}")
+    return args + [f"--config.{s}" for s in sets]
+
+
+def check_sets(sets: Sequence[str]) -> None:
+    """Refuses a ``--set`` that is not ``field=value`` or names a field every run sets."""
+    for s in sets:
+        field, eq, _ = s.partition("=")
+        if not eq or not field or field.startswith("-"):
+            raise ValueError(f"--set={s!r}: use --set=<field>=<value>, e.g. train.epochs=3.")
+        if field in OWN_FIELDS:
+            raise ValueError(
+                f"--set={s!r}: the report sets {field} itself (--rates, --seeds); remove it."
+            )
+
+
+def _settings(quick: bool, sets: Sequence[str]) -> dict:
+    return {"quick": bool(quick), "set": sorted(sets)}
+
+
+def _read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _records(out: str, family: str) -> list[tuple[str, dict]]:
+    pattern = os.path.join(out, "runs", family, "*", "*", "rate*", "seed*", RECORD)
+    return [(os.path.dirname(p), _read_json(p)) for p in sorted(glob.glob(pattern))]
+
+
+def check_settings(out: str, family: str, quick: bool, sets: Sequence[str]) -> None:
+    """Refuses a sweep into an ``--out`` whose runs were made with other settings."""
+    wanted = _settings(quick, sets)
+    for workdir, record in _records(out, family):
+        if record.get("settings") != wanted:
+            raise ValueError(
+                f"{out} holds runs made with other settings ({workdir}: "
+                f"{record.get('settings')}, this sweep: {wanted}); one --out holds one "
+                "setting: use another --out, or the same --quick and --set."
+            )
+
+
+def _now() -> str:
+    return f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = re.split(r"[\r\n]+", f.read())
+    except OSError as e:
+        return f"(no log: {e})"
+    lines = [line.strip() for line in lines if line.strip()]
+    return lines[-1] if lines else "(empty log)"
+
+
+class Outcome(NamedTuple):
+    run: Run
+    returncode: int | None  # None: skipped (finished before); < 0: killed by a signal
+    wall_s: float
+    log: str
+
+
+def execute(run: Run, out: str, *, quick: bool, sets: Sequence[str], env: dict) -> Outcome:
+    """Trains ``run`` in a ``train.py`` process unless its ``results.json`` exists."""
+    workdir = os.path.abspath(run.workdir(out))  # train.py runs in the repository's root
+    log = os.path.join(workdir, "log.txt")
+    if os.path.exists(os.path.join(workdir, "results.json")):
+        return Outcome(run, None, 0.0, log)
+    os.makedirs(workdir, exist_ok=True)
+    args = train_args(run, quick=quick, sets=sets)
+    cmd = [sys.executable, TRAIN_SCRIPT, *args, f"--workdir={workdir}"]
+    start = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(f"# {_now()}: {' '.join(cmd)}\n")
+        f.flush()
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
+    wall = time.perf_counter() - start
+    record = {
+        **run._asdict(),
+        "args": args,
+        "settings": _settings(quick, sets),
+        "returncode": code,
+        "wall_s": wall,
+        "finished": _now(),
+    }
+    with open(os.path.join(workdir, RECORD), "w") as f:
+        json.dump(record, f, indent=2)
+    return Outcome(run, code, wall, log)
+
+
+def _print_outcome(o: Outcome, head: str, out: str, metric: str) -> None:
+    head = f"{head} {o.run.describe()}"
+    if o.returncode is None:
+        print(f"{head}: finished before, skipped", flush=True)
+    elif o.returncode == 0:
+        value = _read_json(os.path.join(o.run.workdir(out), "results.json"))[metric]
+        print(f"{head}: {metric}={value:.4g} ({o.wall_s:.0f} s)", flush=True)
+    else:
+        print(
+            f"{head}: FAILED (exit {o.returncode}, {o.wall_s:.0f} s), log {o.log}: "
+            f"{_last_line(o.log)}",
+            flush=True,
+        )
+
+
+def sweep(
+    runs: Sequence[Run], out: str, *, jobs: int = 1, quick: bool = False, sets: Sequence[str] = ()
+) -> list[Outcome]:
+    """Runs ``runs`` (at most ``jobs`` at a time), printing one line per run as it ends."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}.")
+    check_sets(sets)
+    if runs:
+        check_settings(out, runs[0].family, quick, sets)
+    if not os.path.isfile(TRAIN_SCRIPT):
+        raise FileNotFoundError(
+            f"{TRAIN_SCRIPT} not found: ncljax.report runs the repository's train.py; run it "
+            "from a checkout of the repository."
+        )
+    env = dict(os.environ)
+    if jobs > 1 and not {"XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(
+        env
+    ):
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # several processes share one GPU
+    metric = FAMILIES[runs[0].family].metric if runs else ""
+    outcomes = []
+    pool = concurrent.futures.ThreadPoolExecutor(jobs)
+    try:
+        futures = [pool.submit(execute, r, out, quick=quick, sets=sets, env=env) for r in runs]
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            outcomes.append(future.result())
+            _print_outcome(outcomes[-1], f"[{done}/{len(runs)}]", out, metric)
+    finally:  # Ctrl-C: start no queued run (the running ones get the signal too)
+        pool.shutdown(wait=True, cancel_futures=True)
+    return outcomes
+
+
+def _finite(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
+    """The finished runs under ``out`` (one dict each: method, world, rate, seed, metric,
+    auc, best_epoch, wall_s) and the failed ones (method, world, rate, seed, log, last
+    line)."""
+    metric = FAMILIES[family].metric
+    finished, failed = [], []
+    root = os.path.join(out, "runs", family)
+    for workdir in sorted(glob.glob(os.path.join(root, "*", "*", "rate*", "seed*"))):
+        method, world, rate, seed = os.path.relpath(workdir, root).split(os.sep)
+        key = dict(method=method, world=world, rate=float(rate[4:]), seed=int(seed[4:]))
+        record_path = os.path.join(workdir, RECORD)
+        record = _read_json(record_path) if os.path.exists(record_path) else {}
+        results_path = os.path.join(workdir, "results.json")
+        if not os.path.exists(results_path):
+            if record.get("returncode", 0) != 0:
+                log = os.path.join(workdir, "log.txt")
+                failed.append({**key, "log": log, "last_line": _last_line(log)})
+            continue
+        results = _read_json(results_path)
+        if metric not in results:
+            raise ValueError(f"{results_path} has no {metric!r}: not a run of family {family}.")
+        finished.append(
+            {
+                **key,
+                "metric": float(results[metric]),
+                "auc": _finite(results.get("noise_auc")),
+                "best_epoch": _finite(results.get("best_epoch")),
+                "wall_s": _finite(record.get("wall_s")),
+            }
+        )
+    finished.sort(key=lambda r: _row_order(family, r))
+    return finished, failed
+
+
+def _row_order(family: str, r: dict) -> tuple:
+    """World (the family's order), method (baselines first), rate, seed."""
+    names, known = worlds.names(family), FAMILIES[family].methods
+    world, method = r["world"], r["method"]
+    return (
+        (names.index(world), "") if world in names else (len(names), world),
+        (known.index(method), "") if method in known else (len(known), method),
+        r["rate"],
+        r.get("seed", 0),
+    )
+
+
+def _stats(values: Sequence[float | None]) -> tuple[float, float, int]:
+    """Mean and sample standard deviation (ddof 1; NaN for fewer than 2) of the values
+    that are not None, and their number (mean NaN when there is none)."""
+    x = np.asarray([v for v in values if v is not None], np.float64)
+    mean = float(x.mean()) if x.size else math.nan
+    std = float(x.std(ddof=1)) if x.size > 1 else math.nan
+    return mean, std, int(x.size)
+
+
+_KEY = ("world", "method", "rate")
+
+
+def summarise(finished: Sequence[dict], family: str) -> list[dict]:
+    """One row per (world, method, rate): n seeds, mean and sample std of the metric, AUC
+    and best epoch, mean wall time; in the family's world and method order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in finished:
+        groups.setdefault((r["world"], r["method"], r["rate"]), []).append(r)
+    rows = []
+    for key in sorted(groups, key=lambda k: _row_order(family, dict(zip(_KEY, k, strict=True)))):
+        runs = groups[key]
+        metric_mean, metric_std, n = _stats([r["metric"] for r in runs])
+        auc_mean, auc_std, auc_n = _stats([r["auc"] for r in runs])
+        epoch_mean, epoch_std, _ = _stats([r["best_epoch"] for r in runs])
+        wall_mean, _, _ = _stats([r["wall_s"] for r in runs])
+        rows.append(
+            dict(
+                world=key[0],
+                method=key[1],
+                rate=key[2],
+                n=n,
+                mean=metric_mean,
+                std=metric_std,
+                auc_mean=auc_mean,
+                auc_std=auc_std,
+                auc_n=auc_n,
+                best_epoch_mean=epoch_mean,
+                best_epoch_std=epoch_std,
+                wall_s_mean=wall_mean,
+                seeds=sorted(r["seed"] for r in runs),
+            )
+        )
+    return rows
+
+
+def baseline_of(family: str, rate: float) -> str:
+    f = FAMILIES[family]
+    return f.baseline_clean if rate == 0 else f.baseline_noisy
+
+
+def below_baseline(rows: Sequence[dict], family: str) -> list[dict]:
+    """Per (world, rate) with its baseline's row: the baseline, its mean and std, and the
+    methods (not baselines) whose mean is below it, with their means."""
+    f = FAMILIES[family]
+    baselines = {f.baseline_clean, f.baseline_noisy}
+    by_key = {(r["world"], r["method"], r["rate"]): r for r in rows}
+    checks = []
+    panel = {w: i for i, w in enumerate(dict.fromkeys(r["world"] for r in rows))}
+    for world, rate in sorted(
+        {(r["world"], r["rate"]) for r in rows}, key=lambda k: (panel[k[0]], k[1])
+    ):
+        base = by_key.get((world, baseline_of(family, rate), rate))
+        if base is None:
+            continue
+        others = [r for r in rows if (r["world"], r["rate"]) == (world, rate)]
+        others = [r for r in others if r["method"] not in baselines]
+        below = [(r["method"], r["mean"]) for r in others if r["mean"] < base["mean"]]
+        checks.append(
+            dict(
+                world=world,
+                rate=rate,
+                baseline=base["method"],
+                mean=base["mean"],
+                std=base["std"],
+                compared=len(others),
+                below=below,
+            )
+        )
+    return checks
+
+
+def _csv_value(x) -> str:
+    if isinstance(x, float):
+        return "" if math.isnan(x) else f"{x:.6g}"
+    return str(x)
+
+
+def write_csv(rows: Sequence[dict], family: str, path: str) -> None:
+    m = FAMILIES[family].metric.split("_")[0]
+    columns = [
+        ("world", "world"),
+        ("method", "method"),
+        ("rate", "rate"),
+        ("n", "n"),
+        (f"{m}_mean", "mean"),
+        (f"{m}_std", "std"),
+        ("auc_mean", "auc_mean"),
+        ("auc_std", "auc_std"),
+        ("auc_n", "auc_n"),
+        ("best_epoch_mean", "best_epoch_mean"),
+        ("best_epoch_std", "best_epoch_std"),
+        ("wall_s_mean", "wall_s_mean"),
+    ]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([name for name, _ in columns])
+        for r in rows:
+            writer.writerow([_csv_value(r[key]) for _, key in columns])
+
+
+def _pm(mean: float, std: float, digits: int) -> str:
+    if math.isnan(mean):
+        return ""
+    return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def _name(method: str) -> str:
+    return NAMES.get(method, method)
+
+
+def markdown(
+    rows: Sequence[dict],
+    finished: Sequence[dict],
+    failed: Sequence[dict],
+    family: str,
+    sweep_info: dict | None,
+    plot_name: str | None,
+) -> str:
+    """The report as markdown."""
+    f = FAMILIES[family]
+    what = "noisy correspondence" if family == worlds.PAIRS else "noisy labels"
+    seeds = sorted({r["seed"] for r in finished})
+    lines = [
+        f"# Robustness report: {what} ({family})",
+        "",
+        f"Test {f.label} of the best-validation epoch, noise-detection AUC of the final clean "
+        "estimate (methods that estimate one, at rates above 0) and best epoch: mean ± sample "
+        f"standard deviation (ddof 1) over the n seeds (seeds {seeds}); {len(finished)} "
+        "finished runs. Each run: `python train.py --config=configs/<method>.py:synthetic,"
+        "world=<world>` with the noise rate and seed of its row (`python -m ncljax.report`).",
+        "",
+    ]
+    if sweep_info:
+        lines += [
+            f"Last sweep: `{sweep_info['command']}`, {sweep_info['started']} runs started, "
+            f"{sweep_info['skipped']} skipped, {sweep_info['failed']} failed, wall time "
+            f"{sweep_info['wall_s']:.0f} s (finished {sweep_info['finished']}).",
+            "",
+        ]
+    if plot_name:
+        lines += [f"![{f.label} against noise rate]({plot_name})", ""]
+    lines += [
+        "## Results",
+        "",
+        f"| world | method | rate | n | {f.label} | noise AUC | best epoch | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['world']} | {_name(r['method'])} | {r['rate']:g} | {r['n']} | "
+            f"{_pm(r['mean'], r['std'], f.digits)} | {_pm(r['auc_mean'], r['auc_std'], 3)} | "
+            f"{_pm(r['best_epoch_mean'], r['best_epoch_std'], 1)} | "
+            f"{_pm(r['wall_s_mean'], math.nan, 0)} |"
+        )
+    clean, noisy = _name(f.baseline_clean), _name(f.baseline_noisy)
+    rule = f"{noisy}" if clean == noisy else f"{noisy} at rates above 0, {clean} at rate 0"
+    lines += [
+        "",
+        "## Below the baseline",
+        "",
+        f"Methods whose mean test {f.label} is below the baseline's ({rule}) trained the same "
+        "way on the same world and rate (difference of the means).",
+        "",
+        f"| world | rate | baseline {f.label} | below it |",
+        "|---|---:|---:|---|",
+    ]
+    for c in below_baseline(rows, family):
+        below = ", ".join(
+            f"{_name(m)} {v:.{f.digits}f} ({v - c['mean']:+.{f.digits}f})" for m, v in c["below"]
+        )
+        lines.append(
+            f"| {c['world']} | {c['rate']:g} | {_name(c['baseline'])} "
+            f"{_pm(c['mean'], c['std'], f.digits)} | "
+            f"{below or ('none' if c['compared'] else 'no method to compare')} |"
+        )
+    if failed:
+        lines += ["", "## Failed runs", "", "| method | world | rate | seed | log | last line |"]
+        lines.append("|---|---|---:|---:|---|---|")
+        for r in failed:
+            last = r["last_line"].replace("|", "\\|")
+            lines.append(
+                f"| {r['method']} | {r['world']} | {r['rate']:g} | {r['seed']} | {r['log']} | "
+                f"{last} |"
+            )
+    timed = [r for r in finished if r["wall_s"] is not None]
+    lines += [
+        "",
+        "## Wall time of each run",
+        "",
+        f"{len(timed)} runs, {sum(r['wall_s'] for r in timed):.0f} s in all (the invocation "
+        "that finished each run; compilation and evaluation included).",
+        "",
+        "<details><summary>runs</summary>",
+        "",
+        "| world | method | rate | seed | wall s |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in timed:
+        lines.append(
+            f"| {r['world']} | {_name(r['method'])} | {r['rate']:g} | {r['seed']} | "
+            f"{r['wall_s']:.1f} |"
+        )
+    lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict], family: str, path: str) -> None:
+    """``rows``' metric against the noise rate: one panel per world, one line per method,
+    error bars of one standard deviation (none for one seed)."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "The report's plot needs matplotlib: pip install matplotlib (or the project's "
+            "test extra, pip install -e '.[test]'); the tables are written."
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f = FAMILIES[family]
+    panels = list(dict.fromkeys(r["world"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))  # rows come in method order
+    ncols = min(4, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3.2 * nrows), squeeze=False)
+    colours = plt.get_cmap("tab10")
+    for ax, world in zip(axes.flat, panels, strict=False):
+        for i, method in enumerate(methods):
+            line = sorted(
+                (r for r in rows if (r["world"], r["method"]) == (world, method)),
+                key=lambda r: r["rate"],
+            )
+            if not line:
+                continue
+            ax.errorbar(
+                [r["rate"] for r in line],
+                [r["mean"] for r in line],
+                yerr=[0.0 if math.isnan(r["std"]) else r["std"] for r in line],
+                label=_name(method),
+                color=colours(i % 10),
+                marker="o",
+                markersize=3,
+                capsize=3,
+                linestyle="--" if method in (f.baseline_clean, f.baseline_noisy) else "-",
+            )
+        ax.set_title(world)
+        ax.set_xlabel("noise rate")
+        ax.set_ylabel(f"test {f.label}")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if nrows == 1 else 0.03, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(out: str, family: str, sweep_info: dict | None = None) -> dict[str, str]:
+    """Writes the csv, markdown and plot of the finished runs under ``out``; returns their
+    paths. ``sweep_info`` (a sweep's command, counts and wall time) is saved in
+    ``<out>/sweep_<family>.json`` and read back when None."""
+    info_path = os.path.join(out, f"sweep_{family}.json")
+    if sweep_info is not None:
+        with open(info_path, "w") as f:
+            json.dump(sweep_info, f, indent=2)
+    elif os.path.exists(info_path):
+        sweep_info = _read_json(info_path)
+    finished, failed = collect(out, family)
+    rows = summarise(finished, family)
+    paths = {
+        "csv": os.path.join(out, f"report_{family}.csv"),
+        "md": os.path.join(out, f"report_{family}.md"),
+        "png": os.path.join(out, f"report_{family}.png"),
+    }
+    write_csv(rows, family, paths["csv"])
+    plot_name = os.path.basename(paths["png"]) if rows else None
+    with open(paths["md"], "w") as f:
+        f.write(markdown(rows, finished, failed, family, sweep_info, plot_name))
+    if rows:
+        plot(rows, family, paths["png"])
+    else:
+        del paths["png"]
+    return paths
+
+
+def _floats(values: Sequence[str]) -> list[float]:
+    try:
+        return [float(v) for v in values]
+    except ValueError:
+        raise ValueError(f"--rates must be numbers, got {list(values)}.") from None
+
+
+def _ints(values: Sequence[str]) -> list[int]:
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"--seeds must be integers, got {list(values)}.") from None
+
+
+def main(argv):
+    from absl import app, flags
+
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    cfg = flags.FLAGS
+    os.makedirs(cfg.out, exist_ok=True)
+    failed = 0
+    sweep_info = None
+    if not cfg.aggregate_only:
+        try:
+            runs = plan(cfg.family, cfg.methods, cfg.worlds, _floats(cfg.rates), _ints(cfg.seeds))
+            start = time.perf_counter()
+            outcomes = sweep(runs, cfg.out, jobs=cfg.jobs, quick=cfg.quick, sets=cfg.set)
+        except (ValueError, FileNotFoundError) as e:
+            sys.exit(f"{type(e).__name__}: {e}")
+        wall = time.perf_counter() - start
+        failed = sum(o.returncode not in (None, 0) for o in outcomes)
+        sweep_info = {
+            "command": " ".join(["python -m ncljax.report", *sys.argv[1:]]),
+            "started": sum(o.returncode is not None for o in outcomes),
+            "skipped": sum(o.returncode is None for o in outcomes),
+            "failed": failed,
+            "wall_s": wall,
+            "finished": _now(),
+        }
+        print(
+            f"Sweep: {len(runs)} runs, {sweep_info['started']} started, "
+            f"{sweep_info['skipped']} skipped, {failed} failed, {wall:.0f} s.",
+            flush=True,
+        )
+    try:
+        paths = report(cfg.out, cfg.family, sweep_info)
+    except ModuleNotFoundError as e:
+        sys.exit(str(e))
+    print("Report: " + ", ".join(paths.values()))
+    if failed:
+        sys.exit(f"{failed} run(s) failed; see the lines above and the logs.")
+
+
+def define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("out", None, "Output folder: runs/, report_<family>.{md,csv,png}.")
+    flags.DEFINE_enum("family", worlds.PAIRS, tuple(FAMILIES), "Problem family.")
+    flags.DEFINE_list("methods", None, "Methods (default: all of the family).")
+    flags.DEFINE_list("worlds", None, "Worlds of ncljax.train.worlds (default: the family's).")
+    flags.DEFINE_list("rates", [f"{r:g}" for r in RATES], "Noise rates.")
+    flags.DEFINE_list("seeds", ["0"], "Seeds (model, data order and noise).")
+    flags.DEFINE_integer("jobs", 1, "Runs trained at the same time.")
+    flags.DEFINE_bool("quick", False, "The config files' quick option: smoke runs in seconds.")
+    flags.DEFINE_multi_string("set", [], "field=value: --config.field=value for every run.")
+    flags.DEFINE_bool("aggregate_only", False, "Only tabulate the finished runs under --out.")
+    flags.mark_flag_as_required("out")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    define_flags()
+    app.run(main)
