@@ -57,63 +57,114 @@ WORLDS: Mapping[str, World] = MappingProxyType(
         # Noisy correspondence (Recall@K).
         "default": _world(
             "the preset: 4,000 images x 5 captions (20,000 pairs), regions and tokens, batch 128",
-            PAIRS, "regions", 128,
+            PAIRS,
+            "regions",
+            128,
         ),
         "small_global": _world(
             "1,500 images x 1 caption, global vectors through MLPs, batch 100 (a small real "
             "dataset of off-the-shelf embeddings)",
-            PAIRS, "global", 100,
-            num_train=1500, num_val=200, num_test=500, captions_per_image=1, **_EMBEDDINGS,
+            PAIRS,
+            "global",
+            100,
+            num_train=1500,
+            num_val=200,
+            num_test=500,
+            captions_per_image=1,
+            **_EMBEDDINGS,
         ),
         "few_regions": _world(
             "400 images x 5 captions (2,000 pairs), regions and tokens, batch 32",
-            PAIRS, "regions", 32,
-            num_train=400, num_val=100, num_test=200,
+            PAIRS,
+            "regions",
+            32,
+            num_train=400,
+            num_val=100,
+            num_test=200,
         ),
         "large_global": _world(
             "5,000 images x 5 captions (25,000 pairs), global vectors, batch 256",
-            PAIRS, "global", 256,
-            num_train=5000, num_val=200, num_test=500, **_EMBEDDINGS,
+            PAIRS,
+            "global",
+            256,
+            num_train=5000,
+            num_val=200,
+            num_test=500,
+            **_EMBEDDINGS,
         ),
         "weak_classes": _world(
             "2,000 images x 2 captions with almost no class structure (purity 0.1), regions "
             "and tokens, batch 64",
-            PAIRS, "regions", 64,
-            num_train=2000, num_val=200, num_test=500, captions_per_image=2, class_purity=0.1,
+            PAIRS,
+            "regions",
+            64,
+            num_train=2000,
+            num_val=200,
+            num_test=500,
+            captions_per_image=2,
+            class_purity=0.1,
         ),
         "strong_classes": _world(
             "2,000 images x 1 caption in 10 tight classes (every concept from a 6-concept "
             "core: many near-duplicates, hard negatives), global vectors, batch 64",
-            PAIRS, "global", 64,
-            num_train=2000, num_val=200, num_test=500, captions_per_image=1,
-            class_purity=1.0, core_concepts=6, **_EMBEDDINGS,
+            PAIRS,
+            "global",
+            64,
+            num_train=2000,
+            num_val=200,
+            num_test=500,
+            captions_per_image=1,
+            class_purity=1.0,
+            core_concepts=6,
+            **_EMBEDDINGS,
         ),
         "blurred": _world(
             "3,000 images x 1 caption, 256-d features with heavy feature noise and few "
             "mentions (compressed similarities), global vectors, batch 256",
-            PAIRS, "global", 256,
-            num_train=3000, num_val=200, num_test=500, captions_per_image=1,
-            region_dim=128, image_dim=256, text_dim=256, region_noise=1.2, global_noise=0.4,
-            attribute_weight=0.4, mention_prob=0.6,
+            PAIRS,
+            "global",
+            256,
+            num_train=3000,
+            num_val=200,
+            num_test=500,
+            captions_per_image=1,
+            region_dim=128,
+            image_dim=256,
+            text_dim=256,
+            region_noise=1.2,
+            global_noise=0.4,
+            attribute_weight=0.4,
+            mention_prob=0.6,
         ),
         # Noisy labels (mAP).
         "labels_default": _world(
             "the labels preset: 10,000 pairs, 10 classes (purity 0.9), global vectors, batch 100",
-            LABELS, "global", 100,
+            LABELS,
+            "global",
+            100,
         ),
         "labels_small": _world(
             "2,000 pairs, 10 classes, global vectors, batch 48",
-            LABELS, "global", 48,
-            num_train=2000, num_val=300, num_test=500,
+            LABELS,
+            "global",
+            48,
+            num_train=2000,
+            num_val=300,
+            num_test=500,
         ),
         "labels_many_classes": _world(
             "10,000 pairs in 30 classes of 6-concept cores, global vectors, batch 200",
-            LABELS, "global", 200,
-            num_classes=30, core_concepts=6,
+            LABELS,
+            "global",
+            200,
+            num_classes=30,
+            core_concepts=6,
         ),
         "labels_weak": _world(
             "10,000 pairs, 10 loose classes (purity 0.6), global vectors, batch 100",
-            LABELS, "global", 100,
+            LABELS,
+            "global",
+            100,
             class_purity=0.6,
         ),
     }
@@ -132,9 +183,7 @@ def describe(family: str | None = None) -> str:
 
 def get(name: str) -> World:
     if name not in WORLDS:
-        raise ValueError(
-            f"Unknown world {name!r}. The synthetic worlds are:\n{describe()}"
-        )
+        raise ValueError(f"Unknown world {name!r}. The synthetic worlds are:\n{describe()}")
     return WORLDS[name]
 
 
