@@ -131,10 +131,11 @@ WORLDS: Mapping[str, World] = MappingProxyType(
             region_dim=128,
             image_dim=256,
             text_dim=256,
-            region_noise=1.2,
-            global_noise=0.4,
+            region_noise=0.9,
+            global_noise=0.3,
             attribute_weight=0.4,
             mention_prob=0.6,
+            **_EMBEDDINGS,
         ),
         # Noisy labels (mAP).
         "labels_default": _world(
