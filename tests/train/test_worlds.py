@@ -78,7 +78,7 @@ def test_quick_shrinks_a_world():
 
 
 def test_world_arguments_are_checked():
-    with pytest.raises(ValueError, match="(?s)Unknown world 'nope'.*small_global: "):
+    with pytest.raises(ValueError, match=r"(?s)Unknown world 'nope'.*small_global: "):
         load("vse", "synthetic,world=nope")
     with pytest.raises(ValueError, match="labels world; this config trains on noisy corr"):
         load("vse", "synthetic,world=labels_small")
