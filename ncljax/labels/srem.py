@@ -14,7 +14,9 @@ of a padded batch: a padding pair is neither a query nor a candidate, and its ow
 * :func:`complementary_mask` (Eq. 11), :func:`ms_selection_probs` (Eq. 10) and
   :func:`rectified_complementary_dist` (Eqs. 11-12);
 * :func:`positive_pull` (the per-pair positive gradient of Eq. 7, the diagnostic behind the
-  paper's noisy gradient ratio).
+  paper's noisy gradient ratio);
+* :func:`calibrate_energy` (the threshold and margins of Eqs. 2-3 from the energies' own
+  two-class split) and :func:`degenerate_division` (a split that divides nothing).
 
 Everything but :func:`energy` is a constant of the loss (``stop_gradient``: masks, indices,
 entropies, weights, ``Q``).
@@ -23,6 +25,8 @@ Equations: ``srem.md`` sections 3.1-3.8 of the ncljax specs.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -389,3 +393,96 @@ def positive_pull(
     hard_negative = jnp.asarray(hard_negative)
     trained = jnp.asarray(clean, bool) & (hard_negative != rows)
     return jnp.where(trained & active, weight, 0.0)
+
+
+class EnergyCalibration(NamedTuple):
+    """The energy division calibrated on one direction's energies (see
+    :func:`calibrate_energy`; all scalars).
+
+    Attributes:
+      threshold: :math:`\\hat\\tau`, replaces the paper's ``tau`` in Eq. 2.
+      m_clean: :math:`\\hat m_{clean}`, the low class's mean energy (Eq. 3).
+      m_noisy: :math:`\\hat m_{noisy}`, the high class's mean energy (Eq. 3).
+      clean_fraction: the share of the valid energies below ``threshold``.
+      degenerate: bool, fewer than two distinct valid energies: nothing to divide, and
+        the other fields are not estimates (a caller keeps its previous calibration).
+    """
+
+    threshold: jax.Array
+    m_clean: jax.Array
+    m_noisy: jax.Array
+    clean_fraction: jax.Array
+    degenerate: jax.Array
+
+
+def calibrate_energy(energies: ArrayLike, *, where: ArrayLike | None = None) -> EnergyCalibration:
+    r"""Energy threshold and margins from the energies themselves: the optimal two-class split.
+
+    The valid energies are sorted and cut where the between-class sum of squares is largest
+    (Otsu's threshold; the exact optimum of 2-means in 1-D, the start of a two-component
+    mixture fit):
+
+    .. math::
+      k^\star = \arg\max_k\; k\,(n-k)\,(\bar E_{\le k} - \bar E_{> k})^2,\qquad
+      \hat\tau = \tfrac12(E_{(k^\star)} + E_{(k^\star+1)}),\qquad
+      \hat m_{clean} = \bar E_{\le k^\star},\quad \hat m_{noisy} = \bar E_{> k^\star}
+
+    over the sorted energies :math:`E_{(1)} \le \dots \le E_{(n)}`, cutting only between
+    distinct values (ties share a class; the lowest such cut wins a tie of the criterion).
+    It replaces the paper's constants ``tau = -2``, ``m_clean = -4``, ``m_noisy = 0``:
+    ``E < \hat\tau`` is the low (confident) class, and the energy-bounded loss pushes each
+    pair beyond its class's mean. Every output moves with the energies under
+    :math:`E \to aE + c` (:math:`a > 0`): the division is invariant to a shift of the
+    logits (which shifts every energy by the same amount) and to the ``-log B`` every
+    energy of a batch size carries.
+
+    Args:
+      energies: ``[N]`` energies (e.g. of one direction over the previous epoch).
+      where: optional bool ``[N]``, the energies to use.
+
+    Returns:
+      :class:`EnergyCalibration`; with fewer than two distinct valid values ``degenerate``
+      is set, the threshold is below every value and both margins are their mean.
+    """
+    x = jnp.asarray(energies)
+    x = x.astype(jnp.result_type(x, jnp.float32))
+    if x.ndim != 1:
+        raise ValueError(f"energies must be [N], got shape {x.shape}")
+    valid = valid_rows(x.shape[0], where)
+    n = valid.sum()
+    count = jnp.maximum(n, 1).astype(x.dtype)
+    centre = jnp.where(valid, x, 0.0).sum() / count  # prefix sums of centred values
+    order = jnp.argsort(jnp.where(valid, x, jnp.inf))
+    sorted_x = jnp.where(valid[order], x[order] - centre, 0.0)
+    k = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype)  # size of the low class
+    low_sum = jnp.cumsum(sorted_x)
+    high_count = count - k
+    mean_low = low_sum / k
+    mean_high = -low_sum / jnp.maximum(high_count, 1.0)  # the centred values sum to 0
+    nxt = jnp.concatenate([sorted_x[1:], sorted_x[-1:]])
+    cut = (k < n) & (nxt > sorted_x)
+    between = jnp.where(cut, k * high_count * (mean_low - mean_high) ** 2, -1.0)
+    best = jnp.argmax(between)
+    degenerate = ~cut.any()
+    threshold = 0.5 * (sorted_x[best] + nxt[best])
+    threshold = jnp.where(degenerate, sorted_x[0] - 1.0, threshold) + centre
+    m_clean = jnp.where(degenerate, 0.0, mean_low[best]) + centre
+    m_noisy = jnp.where(degenerate, 0.0, mean_high[best]) + centre
+    fraction = jnp.where(degenerate, 0.0, k[best] / count)
+    return EnergyCalibration(threshold, m_clean, m_noisy, fraction, degenerate)
+
+
+def degenerate_division(clean: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    """Whether a batch's clean split divides nothing: no real pair clean, or every one.
+
+    Args:
+      clean: bool ``[B]``, one direction's clean split.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      bool scalar (``False`` for a batch without a real pair).
+    """
+    clean = jnp.asarray(clean, bool)
+    valid = valid_rows(clean.shape[0], where)
+    selected = (clean & valid).sum()
+    return valid.any() & ((selected == 0) | (selected == valid.sum()))

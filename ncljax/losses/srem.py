@@ -254,6 +254,8 @@ class SREMDirection(NamedTuple):
       complementary: per-query :math:`L_c` terms.
       pull: positive gradient of the hinge, :math:`-\\partial L_w/\\partial S_{ii}` of the
         summed hinge (0 in warm-up; the noisy gradient ratio's numerator on noisy pairs).
+      fallback: bool scalar, this direction's division was degenerate and it trained the
+        warm-up objective instead (``fallback=True`` of :func:`srem_loss` only).
     """
 
     energy: jax.Array
@@ -268,15 +270,16 @@ class SREMDirection(NamedTuple):
     energy_loss: jax.Array
     complementary: jax.Array
     pull: jax.Array
+    fallback: jax.Array | bool = False
 
 
 def srem_loss(
     logits: ArrayLike,
     *,
     warmup: bool = False,
-    threshold: float = -2.0,
-    m_clean: float = -4.0,
-    m_noisy: float = 0.0,
+    threshold: ArrayLike = -2.0,
+    m_clean: ArrayLike = -4.0,
+    m_noisy: ArrayLike = 0.0,
     margin: float = 0.2,
     beta: float = 50.0,
     offset: float = 0.5,
@@ -290,6 +293,8 @@ def srem_loss(
     gradient_weighting: bool = True,
     clean_set: str = "per_direction",
     warmup_lambda2: bool = False,
+    fallback: bool = False,
+    warmup_rectify: str | None = None,
     where: ArrayLike | None = None,
 ) -> tuple[jax.Array, dict[str, SREMDirection]]:
     r"""SREM's total objective over both retrieval directions, per pair.
@@ -305,12 +310,19 @@ def srem_loss(
     its image query's terms (row ``i`` of ``F``) and its caption query's (row ``i`` of
     ``F.T``).
 
+    Fallback (``fallback=True``, main training only): a direction whose clean set (after
+    ``clean_set``) holds no real pair of the batch, or every one, divides nothing; its hinge
+    would train nothing (or every noisy pair) and its energy loss would push every energy
+    one way. That direction trains its warm-up term instead (:math:`L_c` with no row
+    clean, weighted as in warm-up) and flags ``fallback``.
+
     Args:
       logits: ``[B, B]`` logits ``F`` (rows images, columns captions, pairs on the diagonal).
       warmup: the warm-up objective (static).
-      threshold: energy threshold :math:`\tau` of the clean split (-2).
-      m_clean: clean energy margin (-4).
-      m_noisy: noisy energy margin (0).
+      threshold: energy threshold :math:`\tau` of the clean split (-2): a scalar, or ``[2]``
+        (image-to-text, text-to-image) for one per direction; may be traced.
+      m_clean: clean energy margin (-4), scalar or ``[2]`` likewise.
+      m_noisy: noisy energy margin (0), scalar or ``[2]`` likewise.
       margin: hinge margin :math:`\alpha` (0.2).
       beta: sharpness :math:`\beta` of the selection probabilities (50).
       offset: offset :math:`b` of the selection probabilities (0.5).
@@ -326,6 +338,8 @@ def srem_loss(
       gradient_weighting: swapped gradient weighting; ``False``: :math:`\omega \equiv 1`.
       clean_set: ``'per_direction'``, ``'and'`` or ``'or'``.
       warmup_lambda2: multiply the warm-up loss by :math:`\lambda_2`.
+      fallback: a degenerate division trains the warm-up objective (see above; static).
+      warmup_rectify: ``rectify`` of the warm-up objective (``None``: ``rectify``).
       where: optional bool ``[B]``, the real pairs.
 
     Returns:
@@ -336,6 +350,8 @@ def srem_loss(
       Dang et al., "Noisy Correspondence Learning with Self-Reinforcing Errors Mitigation",
       AAAI 2024, Sec. "Model Optimization".
     """
+    if warmup and warmup_rectify is not None:
+        rectify = warmup_rectify
     if rectify not in RECTIFY:
         raise ValueError(f"rectify must be one of {RECTIFY}, got {rectify!r}")
     logits = jnp.asarray(logits)
@@ -343,9 +359,18 @@ def srem_loss(
     num = logits.shape[0]
     valid = selection.valid_rows(num, where)
     views = {"i2t": logits, "t2i": logits.T}
+    per_direction = {
+        name: dict(
+            zip(views, jnp.broadcast_to(jnp.asarray(value, logits.dtype), (2,)), strict=True)
+        )
+        for name, value in (("threshold", threshold), ("m_clean", m_clean), ("m_noisy", m_noisy))
+    }
     scores = {d: jax.nn.sigmoid(f) for d, f in views.items()}
     energies = {d: selection.energy(f, where=valid) for d, f in views.items()}
-    selected = {d: selection.clean_mask(f, threshold, where=valid) for d, f in views.items()}
+    selected = {
+        d: selection.clean_mask(f, per_direction["threshold"][d], where=valid)
+        for d, f in views.items()
+    }
     clean = {}
     clean["i2t"], clean["t2i"] = selection.combine_clean_masks(
         selected["i2t"], selected["t2i"], clean_set
@@ -366,8 +391,12 @@ def srem_loss(
     zeros = jnp.zeros(num, logits.dtype)
     total = zeros
     directions = {}
+    warmup_weight = lambda2 if warmup_lambda2 else 1.0
     for d, f in views.items():
-        used = jnp.zeros(num, bool) if warmup else clean[d]
+        degenerate = jnp.asarray(False)
+        if fallback and not warmup:
+            degenerate = selection.degenerate_division(clean[d], where=valid)
+        used = jnp.zeros(num, bool) if warmup else clean[d] & ~degenerate
         mask = selection.complementary_mask(used, phi[d], where=valid)
         selection_probs = selection.ms_selection_probs(scores[d], beta, offset, where=valid)
         q = selection.rectified_complementary_dist(
@@ -385,16 +414,26 @@ def srem_loss(
         )
         if warmup:
             hinge = energy_loss = pull = zeros
-            total = total + (lambda2 if warmup_lambda2 else 1.0) * comp
+            total = total + warmup_weight * comp
         else:
             hinge = weighted_hinge_loss(
                 scores[d], phi[d], omega[d], used, margin=margin, where=valid
             )
             energy_loss = energy_bounded_loss(
-                energies[d], used, m_clean=m_clean, m_noisy=m_noisy, where=valid
+                energies[d],
+                used,
+                m_clean=per_direction["m_clean"][d],
+                m_noisy=per_direction["m_noisy"][d],
+                where=valid,
             )
             pull = selection.positive_pull(scores[d], phi[d], omega[d], used, margin)
-            total = total + 0.5 * hinge + lambda1 * energy_loss + lambda2 * comp
+            main = 0.5 * hinge + lambda1 * energy_loss + lambda2 * comp
+            if fallback:
+                hinge, energy_loss, pull = (
+                    jnp.where(degenerate, 0.0, v) for v in (hinge, energy_loss, pull)
+                )
+                main = jnp.where(degenerate, warmup_weight * comp, main)
+            total = total + main
         directions[d] = SREMDirection(
             energy=energies[d],
             clean=clean[d],
@@ -408,5 +447,6 @@ def srem_loss(
             energy_loss=energy_loss,
             complementary=comp,
             pull=pull,
+            fallback=degenerate,
         )
     return jnp.where(valid, total, 0.0), directions

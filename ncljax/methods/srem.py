@@ -16,10 +16,16 @@ is per batch (no per-epoch pass over the training set, no GMM, one network):
   complementary label, weighted towards the hard ones (multi-similarity probabilities,
   Eqs. 10-12), pushed down by ``-log(1 - P)`` (Eq. 13).
 
+The threshold and margins are the paper's constants (``calibration='paper'``) or
+calibrated on the energies of the last warm-up epoch (``'data'``, the default; see
+``srem``); a batch whose division selects no pair or every pair trains the warm-up
+objective. The warm-up's complementary labels are uniform (``warmup_rectify``).
+
 ``warmup_epochs`` of complementary learning alone, then the main objective
 ``(L_w^i2t + L_w^t2i) / 2 + lambda1 (L_u^i2t + L_u^t2i) + lambda2 (L_c^i2t + L_c^t2i)``
 (``ncljax.losses.srem_loss``). Every batch is full (``drop_remainder``): the energy
-carries ``-log B``, so ``tau`` and the margins hold for one batch size. The learning
+carries ``-log B``, so the paper's ``tau`` and margins hold for one batch size (the
+calibrated ones for every batch size). The learning
 rate schedule reads epochs counted from the end of the warm-up (the paper: x0.1 after 25
 of the 50 main epochs, ``optim.decay_every=25``). Every epoch, warm-up included, may be
 selected as best on validation (the spec's algorithm validates after each).
@@ -63,7 +69,9 @@ from ncljax.labels import srem as selection
 from ncljax.losses import srem as srem_losses
 from ncljax.methods import base
 
-_ROWS = ("energy_i2t", "energy_t2i", "clean_i2t", "clean_t2i")
+_DIRECTIONS = ("i2t", "t2i")
+_ROWS = ("energy_i2t", "energy_t2i", "clean_i2t", "clean_t2i", "division_fallback")
+CALIBRATIONS = ("data", "paper")
 
 
 def _check(condition: bool, name: str, requirement: str, value) -> None:
@@ -95,11 +103,18 @@ def _validate(kwargs: dict) -> None:
         "cl_reduction": srem_losses.CL_REDUCTIONS,
         "cl_prob": srem_losses.CL_PROBS,
         "rectify": srem_losses.RECTIFY,
+        "warmup_rectify": srem_losses.RECTIFY,
         "sgw_indicator": selection.SGW_INDICATORS,
         "clean_set": selection.CLEAN_SETS,
     }
     for name, allowed in choices.items():
         _check(kwargs[name] in allowed, name, f"one of {allowed}", kwargs[name])
+    _check(
+        kwargs["calibration"] in CALIBRATIONS,
+        "calibration",
+        f"one of {CALIBRATIONS}",
+        kwargs["calibration"],
+    )
     for name in ("gradient_weighting", "warmup_lambda2"):
         _check(isinstance(kwargs[name], bool), name, "True or False", kwargs[name])
     warmup = kwargs["warmup_epochs"]
@@ -132,15 +147,66 @@ def srem(
     warmup_lambda2: bool = False,
     cosine_temperature: float = 0.1,
     cosine_shift: float = 0.5,
+    calibration: str = "data",
+    warmup_rectify: str = "uniform",
 ) -> base.Method:
-    """SREM as a method bundle. [paper] values are the paper's; [spec] the spec's inference
+    r"""SREM as a method bundle. [paper] values are the paper's; [spec] the spec's inference
     or suggestion where the paper says nothing (``srem.md`` Sec. 5.3, 8).
+
+    **Calibration** (``calibration='data'``, the default; ``'paper'`` keeps the constants
+    ``tau``, ``m_clean``, ``m_noisy`` below exactly, as the configs do on f30k, coco and
+    cc152k). The energy :math:`E_i = -\log\sum_j e^{F_{ij}}` has no fixed scale: it carries
+    ``-log B`` (a batch of flat logits sits at ``-log B``) and every shift of the logits
+    (the cosine head's ``cosine_shift``, an SGR head's bias) moves it one for one, so a
+    constant threshold selects everything on one backbone and nothing on another. The
+    refresh splits each direction's energies, as the training steps of the previous epoch
+    wrote them (the warm-up's included), into its two optimal classes
+    (``ncljax.labels.srem.calibrate_energy``: Otsu's threshold, the exact 2-means split
+    of the sorted energies), and the epoch's steps use, per direction:
+
+    * Eq. 2, :math:`E_i < \tau` with :math:`\tau = -2` becomes :math:`E_i < \hat\tau`,
+      :math:`\hat\tau` the cut between the low-energy and the high-energy class;
+    * Eq. 3, :math:`[E_i - m_{clean}]_+^2` with :math:`m_{clean} = -4` uses
+      :math:`\hat m_{clean}`, the low class's mean energy, and
+      :math:`[m_{noisy} - E_i]_+^2` with :math:`m_{noisy} = 0` uses
+      :math:`\hat m_{noisy}`, the high class's mean (the paper's margins sit 2 either
+      side of its threshold; these at the two classes' centres).
+
+    The three are measured before every epoch up to the first main one, i.e. last on the
+    energies of the final warm-up epoch, and then frozen for the main phase, as the
+    paper's constants are: a division re-measured on energies that the energy-bounded
+    loss itself moves has nothing to anchor it. The noisy class's push lowers every logit
+    of its rows, which the complementary loss (invariant to a row's shift) does not
+    oppose; a threshold and margins that follow the energies let that shift run without
+    bound (measured on ``large_global`` at 60% noise, re-calibrating every epoch: the
+    energies rose from -2 to +7 in 10 main epochs, the image and caption embeddings drifted
+    apart until every sigmoid score was ~0 and the hinge stalled at its margin, and
+    validation rSum fell from 436 to 105-310).
+
+    All three move with the energies under :math:`E \to aE + c`, so the division is
+    invariant to a shift of the logits and to the batch size's ``-log B``. The first epoch
+    of a run without warm-up has no energies yet and uses the constants. The cosine head's
+    ``cosine_temperature`` and ``cosine_shift`` stay fixed: with the calibrated division
+    the shift only moves the sigmoid scores ``S`` of the hinge (Eq. 6) and of the
+    selection probabilities (Eq. 10, whose offset ``b = 0.5`` expects a score in
+    ``(0, 1)``), and the temperature 0.1 is InfoNCE's, the scale at which the softmax,
+    entropy (Eq. 4) and complementary probabilities (Eq. 13) are read.
+
+    **Fallback** (both calibrations): a main-phase batch whose clean split in a direction
+    holds no real pair, or every one, divides nothing (its hinge would train no pair, or
+    every noisy one, and its energy loss would push every energy one way): that direction
+    trains its warm-up objective (complementary learning over every negative) instead,
+    ``division_fallback`` in the step metrics. The refresh says so once per epoch with a
+    warning ("fallback"), as it does when an epoch's energies hold fewer than two distinct
+    values (the previous calibration is kept); the refresh diagnostic
+    ``division_fallback`` is 1 for such an epoch.
 
     Args:
       tau: energy threshold of the clean split (Eq. 2) [spec: -2, between the margins;
-        the spec suggests a sweep over -4..0]. A threshold that selects nothing is allowed;
+        the spec suggests a sweep over -4..0]; with ``calibration='data'`` only for the
+        first epoch of a run without warm-up. A threshold that selects nothing is allowed;
         an epoch that selected nothing is logged as a warning.
-      m_clean: energy margin of clean pairs (Eq. 3) [paper, Fig. 4: -4].
+      m_clean: energy margin of clean pairs (Eq. 3) [paper, Fig. 4: -4]; likewise.
       m_noisy: energy margin of noisy pairs [paper, Fig. 4: 0]; ``m_clean <= m_noisy``.
       alpha: hinge margin (Eq. 6) [spec: 0.2, NCR/SGRAF's].
       ms_beta: sharpness of the selection probabilities (Eq. 10) [spec: 50].
@@ -167,6 +233,28 @@ def srem(
       cosine_temperature: cosine head only, ``F = (cos - cosine_shift) / cosine_temperature``
         (see the module docstring) [ncljax: 0.1].
       cosine_shift: cosine head only [ncljax: 0.5].
+      calibration: ``'data'`` (threshold and margins from the last warm-up epoch's
+        energies, see above) [ncljax] or ``'paper'`` (``tau``, ``m_clean``, ``m_noisy`` as given).
+      warmup_rectify: the complementary labels of the warm-up, ``'uniform'`` [ncljax; see
+        below] or ``'biased'`` (``rectify``'s Eqs. 10-12 from the first step, the paper's
+        reading; the configs of f30k, coco and cc152k); the main phase uses ``rectify``.
+
+    **Warm-up from a random start.** Eq. 10 weights a negative by
+    :math:`\exp(\beta(S_{ij} - b))` with the absolute offset ``b = 0.5`` on the sigmoid
+    score. With the model's scores well below ``b`` (the cosine head's at cosines near 0,
+    as on ``small_global``) ``Q`` is uniform and the warm-up is plain complementary learning; once
+    the scores of a random model sit near or above ``b`` (the cosine head's common level
+    is free under the row softmax and drifts there on some data: energies of -5.5 at
+    ``B = 64``, -7.5 at ``B = 256``), ``Q`` is biased by up to a factor ``e`` towards
+    whatever the random model ranks high. Near a flat softmax the positive's pull is only
+    :math:`p_{ii} \approx 1/B`, and the gradient of the biased term instead moves 85-93%
+    of the negatives *up* (towards the ones ``Q`` favours), about four times the
+    positive's pull summed over a row: the warm-up equalises the similarities instead of
+    learning them (``synthetic,world=strong_classes`` at 40% noise: validation rSum 248
+    after epoch 0, 183 after epoch 1; the loss flat at its uniform value ~2.0). With
+    uniform complementary labels in the warm-up it learns (326, then 378) and the main
+    phase, which rectifies with ``rectify``, starts from a model whose similarities mean
+    something (test rSum 186 -> 269 on that world; 237 -> 437 on ``large_global``).
     """
     kwargs = dict(locals())
     _validate(kwargs)
@@ -192,9 +280,6 @@ def srem(
     )
     objective = functools.partial(
         losses.srem_loss,
-        threshold=tau,
-        m_clean=m_clean,
-        m_noisy=m_noisy,
         margin=alpha,
         beta=ms_beta,
         offset=ms_b,
@@ -208,23 +293,45 @@ def srem(
         gradient_weighting=gradient_weighting,
         clean_set=clean_set,
         warmup_lambda2=warmup_lambda2,
+        fallback=True,
+        warmup_rectify=warmup_rectify,
     )
+    paper = jnp.asarray([[tau, m_clean, m_noisy]] * 2, jnp.float32)  # [direction, quantity]
+    calibrated = calibration == "data"
 
     def init_memory(ctx: base.InitContext) -> base.Memory:
         zeros = jnp.zeros(ctx.num_samples, jnp.float32)
-        return base.Memory(samples={name: zeros for name in _ROWS}, state={})
+        samples = {name: zeros for name in _ROWS}
+        samples["energy_epoch"] = jnp.full(ctx.num_samples, -1.0, jnp.float32)
+        return base.Memory(samples=samples, state={"calibration": paper})
 
-    def logits_of(outputs):
+    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
+        del phase, ctx
+        outputs = model(batch, train=train, rngs=rngs)
+        return outputs | {"energy_calibration": memory_state["calibration"]}
+
+    def logits_of(outputs, where):
         if "logit" in outputs:
             return outputs["logit"]
+        del where
         return (outputs["sim"] - cosine_shift) / cosine_temperature
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         del rows, peer_rows
         warmup = ctx.phase == base.WARMUP
-        loss, views = objective(logits_of(outputs), warmup=warmup, where=batch["mask"])
+        division = outputs.get("energy_calibration", paper) if calibrated else paper
+        loss, views = objective(
+            logits_of(outputs, batch["mask"]),
+            warmup=warmup,
+            threshold=division[:, 0],
+            m_clean=division[:, 1],
+            m_noisy=division[:, 2],
+            where=batch["mask"],
+        )
         i2t, t2i = views["i2t"], views["t2i"]
         clean_i2t, clean_t2i = i2t.clean.astype(jnp.float32), t2i.clean.astype(jnp.float32)
+        fell_back = jnp.asarray(i2t.fallback | t2i.fallback, jnp.float32)
+        fell_back = jnp.broadcast_to(fell_back, clean_i2t.shape)
         metrics = {
             "selected_i2t": clean_i2t,
             "selected_t2i": clean_t2i,
@@ -239,6 +346,10 @@ def srem(
                 "energy_t2i": t2i.energy,
                 "clean_i2t": clean_i2t,
                 "clean_t2i": clean_t2i,
+                "division_fallback": fell_back,
+                "energy_epoch": jnp.broadcast_to(
+                    jnp.asarray(ctx.epoch, jnp.float32), clean_i2t.shape
+                ),
             },
             "clean_estimates": {"i2t": clean_i2t, "t2i": clean_t2i},
         }
@@ -248,25 +359,80 @@ def srem(
                 "loss_energy": i2t.energy_loss + t2i.energy_loss,
                 "weight_i2t": i2t.weight,
                 "weight_t2i": t2i.weight,
+                "division_fallback": fell_back,
             }
             aux["loss_weight"] = i2t.pull + t2i.pull
         return loss, aux
 
+    def calibrate(memory, epoch):
+        """The division calibrated on the energies the previous epoch's steps wrote, or
+        the previous one where they divide nothing; and whether it fell back."""
+        s = memory.samples
+        previous = memory.state.get("calibration", paper)
+        if not calibrated:
+            return previous, False, {}
+        if epoch > max(warmup_epochs, 1):  # frozen since the first main epoch
+            return previous, False, {}
+        last = None
+        if "energy_epoch" in s:  # the pairs the epoch that ended trained on
+            last = np.asarray(s["energy_epoch"]) == epoch - 1
+        rows, degenerate, diagnostics = [], False, {}
+        for i, d in enumerate(_DIRECTIONS):
+            fit = selection.calibrate_energy(s[f"energy_{d}"], where=last)
+            diagnostics[f"calibrated_clean_fraction_{d}"] = float(fit.clean_fraction)
+            if bool(fit.degenerate):
+                degenerate = True
+                rows.append(previous[i])
+                continue
+            rows.append(jnp.stack([fit.threshold, fit.m_clean, fit.m_noisy]))
+        division = jnp.stack(rows).astype(jnp.float32)
+        return division, degenerate, diagnostics
+
+    def division_diagnostics(division):
+        diagnostics = {}
+        for i, d in enumerate(_DIRECTIONS):
+            for j, name in enumerate(("tau", "m_clean", "m_noisy")):
+                diagnostics[f"calibrated_{name}_{d}"] = float(division[i, j])
+        return diagnostics
+
     def refresh_fn(memory, stats, ctx):
         del stats
         s = memory.samples
-        fractions = {d: float(np.asarray(s[f"clean_{d}"]).mean()) for d in ("i2t", "t2i")}
-        if ctx.epoch >= max(warmup_epochs, 1) and not any(fractions.values()):
-            logging.warning(
-                "srem: network %d selected no clean pair in epoch %d (tau=%s): the hinge "
-                "trains nothing and the energy loss pushes every energy up. Raise "
-                "method_kwargs.tau.",
-                ctx.network,
-                ctx.epoch - 1,
-                tau,
+        fractions = {d: float(np.asarray(s[f"clean_{d}"]).mean()) for d in _DIRECTIONS}
+        fell_back = np.asarray(s.get("division_fallback", np.zeros(1)))
+        if "energy_epoch" in s:  # the pairs the epoch that ended trained on
+            fell_back = fell_back[np.asarray(s["energy_epoch"]) == ctx.epoch - 1]
+        batches_fell_back = float(fell_back.mean()) if fell_back.size else 0.0
+        division, degenerate, diagnostics = calibrate(memory, ctx.epoch)
+        # From the last warm-up epoch on: its (logged) selection is what the main phase meets.
+        divides = ctx.epoch >= max(warmup_epochs, 1)
+        reasons = []
+        if divides and not any(fractions.values()):
+            threshold = "calibrated" if calibrated else tau
+            reasons.append(
+                f"selected no clean pair in epoch {ctx.epoch - 1} (tau={threshold}): a main "
+                "batch that selects none trains the warm-up objective (fallback). Raise "
+                "method_kwargs.tau or use method_kwargs.calibration='data'"
             )
-        diagnostics = {f"selected_fraction_{d}": v for d, v in fractions.items()}
-        return memory, diagnostics
+        elif divides and batches_fell_back > 0:
+            reasons.append(
+                f"{batches_fell_back:.1%} of the pairs of epoch {ctx.epoch - 1} were in "
+                "batches whose division selected no pair or every pair: those batches "
+                "trained the warm-up objective (fallback)"
+            )
+        if degenerate:
+            reasons.append(
+                f"the energies of epoch {ctx.epoch - 1} hold fewer than two distinct values: "
+                "the previous calibrated threshold and margins are kept (fallback)"
+            )
+        if reasons:
+            logging.warning("srem: network %d %s.", ctx.network, "; ".join(reasons))
+        if calibrated:
+            diagnostics |= division_diagnostics(division)
+        diagnostics |= {f"selected_fraction_{d}": v for d, v in fractions.items()}
+        diagnostics["division_fallback"] = float(bool(reasons))
+        state = dict(memory.state) | {"calibration": division}
+        return base.Memory(samples=s, state=state), diagnostics
 
     def plan_fn(epoch: int) -> base.EpochPlan:
         return base.EpochPlan(
@@ -283,15 +449,20 @@ def srem(
         loss_fn=loss_fn,
         refresh_fn=refresh_fn,
         plan_fn=plan_fn,
+        forward_fn=forward_fn,
         clean_score_fn=functools.partial(energy_score, tau=tau),
         diagnostic_scores_fn=diagnostic_scores,
     )
 
 
 def energy_score(memory: base.Memory, *, tau: float) -> jax.Array:
-    """``sigmoid(tau - E)`` of the mean energy of a pair's two queries: ranks pairs by energy
-    (the noise AUC) and is above 1/2 where the energy half of Eq. 2 selects them."""
+    """``sigmoid(tau - E)`` of the mean energy of a pair's two queries, ``tau`` the mean of
+    the two directions' thresholds in use (``memory.state['calibration']``; the given one
+    without it): ranks pairs by energy (the noise AUC) and is above 1/2 where the energy
+    half of Eq. 2 selects them."""
     s = memory.samples
+    if "calibration" in memory.state:
+        tau = jnp.mean(memory.state["calibration"][:, 0])
     return jax.nn.sigmoid(tau - 0.5 * (s["energy_i2t"] + s["energy_t2i"]))
 
 

@@ -34,7 +34,7 @@ def _logits(seed, b=7):
 
 @pytest.mark.parametrize("phase", [base.WARMUP, base.MAIN])
 def test_loss_reads_the_logit_and_writes_energies_and_splits(phase):
-    method = methods.build_method("srem", {"tau": -3.0, "lambda1": 0.1})
+    method = methods.build_method("srem", {"tau": -3.0, "lambda1": 0.1, "warmup_rectify": "biased"})
     logit = _logits(0)
     mask = jnp.array([True, True, False, True, True, True, True])
     outputs = {"logit": logit, "sim": jax.nn.sigmoid(logit)}
@@ -63,7 +63,7 @@ def test_cosine_heads_use_the_shifted_scaled_cosine_as_logit():
     cos = jnp.asarray(rng.uniform(-1, 1, size=(6, 6)), jnp.float32)
     mask = jnp.ones(6, bool)
     loss, _ = method.loss_fn({"sim": cos}, {"mask": mask}, {}, {}, _ctx(base.MAIN))
-    want, _ = losses.srem_loss((cos - 0.4) / 0.2, where=mask)
+    want, _ = losses.srem_loss((cos - 0.4) / 0.2, fallback=True, where=mask)
     np.testing.assert_allclose(loss, want, rtol=1e-6)
 
 
@@ -87,7 +87,7 @@ def _memory(clean):
 
 
 def test_refresh_warns_when_an_epoch_selected_nothing(caplog):
-    method = methods.build_method("srem", {"warmup_epochs": 2})
+    method = methods.build_method("srem", {"warmup_epochs": 2, "calibration": "paper"})
     ctx = lambda epoch: base.RefreshContext(epoch, 10, 0, jax.random.key(0), None)
     with caplog.at_level(logging.WARNING):
         _, diag = method.refresh_fn(_memory(np.zeros(10)), None, ctx(1))  # in warm-up

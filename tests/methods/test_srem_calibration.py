@@ -1,0 +1,190 @@
+"""SREM's calibrated division and fallback in the method: the refresh calibrating on the
+last epoch's energies, the steps reading it, the fallback warnings, the ``'paper'``
+switch, the uniform warm-up and the configs."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ncljax import losses, methods
+from ncljax.methods import base
+
+
+def _otsu_oracle(values):
+    """Every cut between distinct sorted values, by brute force: the one with the largest
+    between-class sum of squares (the first on a tie), its midpoint and class means."""
+    x = np.sort(np.asarray(values, np.float64))
+    best, result = -1.0, None
+    for k in range(1, len(x)):
+        if x[k] == x[k - 1]:
+            continue
+        low, high = x[:k], x[k:]
+        between = k * (len(x) - k) * (low.mean() - high.mean()) ** 2
+        if between > best * (1 + 1e-9):
+            best = between
+            result = (0.5 * (x[k - 1] + x[k]), low.mean(), high.mean(), k / len(x))
+    return result
+
+
+def _energies(seed, n=300):
+    rng = np.random.default_rng(seed)
+    clean = rng.normal(-3.0, 0.6, size=n // 2)
+    noisy = rng.normal(-0.5, 0.8, size=n - n // 2)
+    return rng.permutation(np.concatenate([clean, noisy])).astype(np.float32)
+
+
+def _logits(seed, b=8, boost=4.0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(b, b)) * 2
+    logits[np.arange(b), np.arange(b)] += boost
+    return jnp.asarray(logits, jnp.float32)
+
+
+def _ctx(phase, epoch=3):
+    zero = jnp.zeros((), jnp.int32)
+    return base.LossContext(zero, jnp.asarray(epoch, jnp.int32), phase, 40, zero, jax.random.key(0))
+
+
+def _refresh_ctx(epoch):
+    return base.RefreshContext(epoch, 10, 0, jax.random.key(0), None)
+
+
+def _trained_memory(method, n=200, epoch=4, seed=0):
+    memory = method.init_memory(base.InitContext(n, None, None, None))
+    rng = np.random.default_rng(seed)
+    samples = dict(memory.samples)
+    samples["energy_i2t"] = jnp.asarray(_energies(seed, n))
+    samples["energy_t2i"] = jnp.asarray(_energies(seed + 1, n))
+    written = rng.random(n) < 0.9  # the rest: the epoch's skipped partial batch
+    samples["energy_epoch"] = jnp.where(written, epoch - 1.0, epoch - 2.0)
+    samples["clean_i2t"] = jnp.asarray(rng.random(n) < 0.3, jnp.float32)
+    return base.Memory(samples, memory.state), written
+
+
+def test_refresh_calibrates_each_direction_on_the_last_epochs_energies():
+    method = methods.build_method("srem", {"warmup_epochs": 2})
+    # Up to the first main epoch: the Otsu split of the last epoch's energies.
+    for epoch in (1, 2):
+        memory, written = _trained_memory(method, epoch=epoch, seed=epoch)
+        with np.testing.assert_no_warnings():
+            new, diag = method.refresh_fn(memory, None, _refresh_ctx(epoch))
+        division = np.asarray(new.state["calibration"])
+        for i, d in enumerate(("i2t", "t2i")):
+            want = _otsu_oracle(np.asarray(memory.samples[f"energy_{d}"])[written])
+            np.testing.assert_allclose(division[i], want[:3], rtol=1e-4, atol=1e-5)
+            assert diag[f"calibrated_tau_{d}"] == pytest.approx(want[0], rel=1e-4, abs=1e-5)
+        assert diag["division_fallback"] == 0.0
+    # Then frozen for the main phase, whatever the energies do.
+    later, _ = _trained_memory(method, epoch=4, seed=9)
+    later = base.Memory(dict(later.samples), new.state)
+    frozen, diag = method.refresh_fn(later, None, _refresh_ctx(4))
+    np.testing.assert_array_equal(frozen.state["calibration"], division)
+    assert diag["calibrated_tau_i2t"] == pytest.approx(float(division[0, 0]))
+    # The next epoch's steps read it through the forward pass.
+    logits = _logits(2)
+    outputs = method.forward_fn(
+        lambda batch, train, rngs: {"logit": logits},
+        {},
+        new.state,
+        train=True,
+        rngs=None,
+        phase=base.MAIN,
+    )
+    mask = jnp.ones(8, bool)
+    loss, _ = method.loss_fn(outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    want, _ = losses.srem_loss(
+        logits,
+        threshold=division[:, 0],
+        m_clean=division[:, 1],
+        m_noisy=division[:, 2],
+        fallback=True,
+        where=mask,
+    )
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    # The noise score ranks by energy around the threshold in use.
+    score = method.clean_score_fn(new)
+    mean_energy = 0.5 * (new.samples["energy_i2t"] + new.samples["energy_t2i"])
+    np.testing.assert_allclose(
+        score, jax.nn.sigmoid(division[:, 0].mean() - mean_energy), rtol=1e-5
+    )
+
+
+def test_refresh_keeps_the_previous_calibration_when_the_energies_divide_nothing(caplog):
+    method = methods.build_method("srem", {"warmup_epochs": 4})
+    memory, _ = _trained_memory(method)
+    previous = jnp.array([[-1.0, -2.0, 0.0], [-1.5, -2.5, 0.5]])
+    samples = dict(memory.samples) | {"energy_t2i": jnp.full(200, -0.7)}
+    memory = base.Memory(samples, {"calibration": previous})
+    with caplog.at_level(logging.WARNING):
+        new, diag = method.refresh_fn(memory, None, _refresh_ctx(4))
+    np.testing.assert_array_equal(new.state["calibration"][1], previous[1])
+    assert not np.allclose(new.state["calibration"][0], previous[0])  # i2t still divides
+    assert diag["division_fallback"] == 1.0
+    assert len(caplog.records) == 1 and "fallback" in caplog.text
+
+
+def test_refresh_warns_once_when_batches_fell_back(caplog):
+    method = methods.build_method("srem", {"warmup_epochs": 4})
+    memory, written = _trained_memory(method)
+    samples = dict(memory.samples) | {"division_fallback": jnp.asarray(written, jnp.float32)}
+    with caplog.at_level(logging.WARNING):
+        _, diag = method.refresh_fn(base.Memory(samples, memory.state), None, _refresh_ctx(4))
+    assert diag["division_fallback"] == 1.0
+    assert len(caplog.records) == 1
+    assert "100.0% of the pairs of epoch 3" in caplog.text and "fallback" in caplog.text
+
+
+def test_a_step_that_selects_nothing_trains_the_warmup_objective_and_says_so():
+    method = methods.build_method("srem", {"calibration": "paper", "tau": -50.0})
+    logits = _logits(3)
+    mask = jnp.ones(8, bool)
+    loss, aux = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    warm, _ = losses.srem_loss(logits, warmup=True, where=mask)
+    np.testing.assert_allclose(loss, warm, rtol=1e-6)
+    np.testing.assert_array_equal(aux["memory"]["division_fallback"], np.ones(8))
+    np.testing.assert_array_equal(aux["metrics"]["division_fallback"], np.ones(8))
+
+
+def test_paper_calibration_keeps_the_constants_exactly():
+    method = methods.build_method("srem", {"calibration": "paper", "tau": -3.0})
+    memory, _ = _trained_memory(method)
+    new, diag = method.refresh_fn(memory, None, _refresh_ctx(4))
+    np.testing.assert_array_equal(new.state["calibration"], [[-3.0, -4.0, 0.0]] * 2)
+    assert not any(k.startswith("calibrated_") for k in diag)
+    logits = _logits(0)
+    mask = jnp.array([True] * 6 + [False] * 2)
+    other = {"logit": logits, "energy_calibration": jnp.zeros((2, 3))}  # ignored
+    loss, _ = method.loss_fn(other, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    old, views = losses.srem_loss(logits, threshold=-3.0, where=mask)  # the old objective
+    assert all(0 < int(v.clean.sum()) < 6 for v in views.values())
+    np.testing.assert_array_equal(loss, old)
+
+
+def test_unknown_calibration_says_what_to_set():
+    with pytest.raises(ValueError, match="method_kwargs") as error:
+        methods.build_method("srem", {"calibration": "gmm"})
+    assert "srem calibration must be one of ('data', 'paper')" in str(error.value)
+    with pytest.raises(ValueError, match="srem warmup_rectify must be one of"):
+        methods.build_method("srem", {"warmup_rectify": "hard"})
+
+
+def test_configs_keep_the_paper_constants_on_the_papers_benchmarks():
+    from tests.train.test_loop import load_config
+
+    kwargs = load_config("srem", "synthetic").method_kwargs
+    assert (kwargs.calibration, kwargs.warmup_rectify) == ("data", "uniform")
+    for dataset in ("f30k", "coco", "cc152k"):
+        kwargs = load_config("srem", dataset).method_kwargs
+        assert (kwargs.calibration, kwargs.warmup_rectify) == ("paper", "biased")
+
+
+def test_the_warmup_step_uses_uniform_complementary_labels_by_default():
+    method = methods.build_method("srem", {})
+    logits = _logits(7)
+    mask = jnp.ones(8, bool)
+    loss, _ = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, _ctx(base.WARMUP))
+    want, _ = losses.srem_loss(logits, warmup=True, rectify="uniform", where=mask)
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
