@@ -70,6 +70,7 @@ from ncljax.labels.srem import (
 )
 from ncljax.labels.ugncl import (
     DivisionSignals,
+    calibrate_signals,
     division_signals,
     edl_targets,
     num_hard_negatives,
@@ -88,6 +89,7 @@ __all__ = [
     "RelationPlan",
     "assign_pseudo_captions",
     "calibrate_energy",
+    "calibrate_signals",
     "clean_mask",
     "clean_soft_label",
     "combine_clean_masks",

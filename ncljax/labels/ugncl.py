@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from ncljax import evidence
+from ncljax.labels import gmm as gmm_lib
 
 _SG = jax.lax.stop_gradient
 DIVISION_MODES = ("decl_lineage", "paper")
@@ -167,6 +168,86 @@ def ugd_partition(
     determined = jnp.where(jnp.asarray(prediction, bool), CLEAN, NOISY)
     hard = jnp.where(q > epsilon, HARD_CLEAN, HARD_NOISY)
     return jnp.where(u < threshold, determined, hard).astype(jnp.int8)
+
+
+class CalibratedSignals(NamedTuple):
+    """Per pair ``[N]``: ``hard_posterior`` :math:`v` (the high-uncertainty component's
+    posterior; 0 for every pair when the uncertainties hold no two groups), and
+    ``clean_posterior`` :math:`w` (the high-soft-label component's posterior). Bool
+    scalars: ``degenerate``, the soft labels' mixture separates nothing
+    (``gmm.check_division``); ``one_level``, the uncertainties' mixture separates
+    nothing (then no pair is hard)."""
+
+    hard_posterior: jax.Array
+    clean_posterior: jax.Array
+    degenerate: jax.Array
+    one_level: jax.Array
+
+
+def calibrate_signals(
+    uncertainty: ArrayLike,
+    soft_label: ArrayLike,
+    *,
+    where: ArrayLike | None = None,
+    floor: float = 1e-30,
+    min_bimodality: float = 2.0,
+) -> CalibratedSignals:
+    r"""Data-calibrated uncertainty and soft label: two-component mixtures over the pairs.
+
+    The paper compares ``u`` with :math:`p = 0.5` and ``q`` with :math:`\epsilon = 0.5`
+    (Eqs. 8-11), constants whose meaning moves with the evidence scale
+    (:math:`e^{\mathrm{softplus}(R)/\tau}`, the cosine head's shift and temperature) and
+    with the number of classes ``K`` of a batch (``q`` is a softmax over ``K``: chance is
+    :math:`1/K`). Here each is replaced by the posterior of a two-component 1-D Gaussian
+    mixture (``ncljax.labels.fit_gmm_1d``) fitted to the same scores of the pairs:
+
+    .. math::
+
+        v_i = P(\text{high-}u \mid \bar u_i), \quad
+        \bar u = \mathrm{minmax}(u); \qquad
+        w_i = P(\text{high-}q \mid \bar\ell_i), \quad
+        \bar\ell = \mathrm{minmax}(\log\max(q, \text{floor}))
+
+    so that ``u < p`` becomes ``v < 0.5`` and ``q > epsilon`` becomes ``w > 0.5``
+    (:func:`ugd_partition` with both thresholds 0.5). Uncertainties that form one group
+    single out no pair as uncertain: ``v = 0``, every pair determined, as the paper's
+    division is once every ``u < p`` (``u`` saturated at 0 once every row holds a pair of
+    overwhelming evidence). One group: the mixture separates nothing
+    (``gmm.check_division``) or is not bimodal by Ashman's criterion,
+
+    .. math:: D = \sqrt 2\,|\mu_1 - \mu_0| / \sqrt{\sigma_0^2 + \sigma_1^2} \le 2
+
+    (``min_bimodality``; two components fitted to one normal group overlap, ``D < 2``).
+    Soft labels that form one group separate nothing: ``degenerate``, the caller falls
+    back. ``v`` is unchanged by any map ``u -> a u + b`` with ``a > 0``; ``w`` by any map
+    ``q -> c q^a`` with ``a, c > 0`` (a normalisation by ``K`` included).
+
+    Args:
+      uncertainty, soft_label: ``[N]`` (:class:`DivisionSignals`) of the training pairs.
+      where: optional bool ``[N]``: the pairs to fit on (others get posteriors too).
+      floor: smallest ``q`` before the logarithm.
+      min_bimodality: the least Ashman's ``D`` of the uncertainties' mixture that makes
+        a hard set (2).
+
+    Returns:
+      :class:`CalibratedSignals`, with no gradient.
+    """
+    u = _SG(jnp.asarray(uncertainty, jnp.float32))
+    log_q = jnp.log(jnp.maximum(_SG(jnp.asarray(soft_label, jnp.float32)), floor))
+
+    def posterior(x):
+        x = gmm_lib.minmax_normalize(x, where=where)
+        mixture = gmm_lib.fit_gmm_1d(x, where=where)
+        prob = gmm_lib.high_mean_posterior(x, mixture)
+        bad = gmm_lib.check_division(x, prob, mixture, where=where).inseparable
+        gap = jnp.abs(mixture.means[1] - mixture.means[0])
+        bimodality = jnp.sqrt(2.0) * gap / jnp.sqrt(mixture.variances.sum())
+        return prob, bad, bimodality
+
+    v, inseparable, bimodality = posterior(u)
+    one_level = inseparable | (bimodality <= min_bimodality)
+    w, degenerate, _ = posterior(log_q)
+    return CalibratedSignals(jnp.where(one_level, 0.0, v), w, degenerate, one_level)
 
 
 def edl_targets(

@@ -51,7 +51,7 @@ MASK = jnp.array([True, True, False, True, True, True, True])
 
 @pytest.mark.parametrize("phase", [base.WARMUP, base.MAIN])
 def test_epoch_cadence_loss_reads_the_stored_division(phase):
-    method = methods.build_method("ugncl", {"xi2": 0.5, "threshold": 0.6})
+    method = methods.build_method("ugncl", {"xi2": 0.5, "threshold": 0.6, "calibration": "paper"})
     raw, rows = _raw(0), _rows()
     step = 40
     loss, aux = method.loss_fn({"logit": raw}, {"mask": MASK}, rows, rows, _ctx(phase, step))
@@ -91,7 +91,7 @@ def test_epoch_cadence_loss_reads_the_stored_division(phase):
 
 
 def test_online_cadence_divides_each_batch_from_its_own_forward():
-    method = methods.build_method("ugncl", {"division_cadence": "online"})
+    method = methods.build_method("ugncl", {"division_cadence": "online", "calibration": "paper"})
     assert method.stats_fn is None
     raw = _raw(1)
     _, aux = method.loss_fn({"logit": raw}, {"mask": MASK}, _rows(), None, _ctx(base.MAIN))
@@ -107,7 +107,7 @@ def test_online_cadence_divides_each_batch_from_its_own_forward():
         return method.loss_fn({"logit": r}, {"mask": MASK}, {}, None, _ctx(base.MAIN))[0].sum()
 
     rows = {k: jnp.asarray(v, jnp.float32) for k, v in aux["memory"].items()}
-    epoch = methods.build_method("ugncl")
+    epoch = methods.build_method("ugncl", {"calibration": "paper"})
 
     def with_rows(r):
         return epoch.loss_fn({"logit": r}, {"mask": MASK}, rows, None, _ctx(base.MAIN))[0].sum()
@@ -162,7 +162,7 @@ def _ctx_refresh(epoch):
 
 
 def test_refresh_divides_from_the_statistics_and_warns_when_degenerate(caplog):
-    method = methods.build_method("ugncl")
+    method = methods.build_method("ugncl", {"calibration": "paper"})
     memory = method.init_memory(base.InitContext(6, None, None, None))
     stats = {
         "uncertainty": jnp.array([0.1, 0.2, 0.7, 0.8, 0.3, 0.9]),
