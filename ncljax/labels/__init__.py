@@ -13,7 +13,9 @@ from ncljax.labels.correction import (
     update_targets,
 )
 from ncljax.labels.gmm import (
+    DivisionCheck,
     GaussianMixture1D,
+    check_division,
     fit_gmm_1d,
     gmm_posteriors,
     high_mean_posterior,
@@ -44,6 +46,8 @@ from ncljax.labels.ot import (
 )
 from ncljax.labels.pc2 import (
     assign_pseudo_captions,
+    calibrated_cutoff,
+    chance_cosine,
     clean_soft_label,
     flatten_regions,
     gather_pseudo_captions,
@@ -80,6 +84,7 @@ from ncljax.labels.ugncl import (
 
 __all__ = [
     "ConfidentSet",
+    "DivisionCheck",
     "DivisionSignals",
     "EnergyCalibration",
     "GSCLabels",
@@ -90,6 +95,9 @@ __all__ = [
     "assign_pseudo_captions",
     "calibrate_energy",
     "calibrate_signals",
+    "calibrated_cutoff",
+    "chance_cosine",
+    "check_division",
     "clean_mask",
     "clean_soft_label",
     "combine_clean_masks",

@@ -322,3 +322,95 @@ def high_mean_posterior(x: ArrayLike, gmm: GaussianMixture1D) -> jax.Array:
     Used by GSC (Eq. 4) on min-max normalised intra-modal consistency scores.
     """
     return gmm_posteriors(x, gmm)[..., 1]
+
+
+class DivisionCheck(NamedTuple):
+    r"""Whether a GMM division of the training pairs is usable, and why not.
+
+    Attributes:
+      degenerate: bool scalar, True when any of the flags below is: the caller falls back
+        (keeps its previous division) instead of training on this one.
+      one_set: bool scalar, every valid posterior lies on one side of the threshold (all
+        clean, or no clean pair at all).
+      inseparable: bool scalar, the mixture separates nothing: fewer than two distinct
+        values (``GaussianMixture1D.degenerate``), a component of weight below
+        ``min_weight``, or component means closer than ``min_separation`` standard
+        deviations of the data.
+      separation: float scalar, :math:`|\mu_1 - \mu_0| / \mathrm{sd}(x)` (0 when the data
+        has no spread).
+      lighter_weight: float scalar, :math:`\min_k \pi_k`.
+    """
+
+    degenerate: jax.Array
+    one_set: jax.Array
+    inseparable: jax.Array
+    separation: jax.Array
+    lighter_weight: jax.Array
+
+
+def check_division(
+    x: ArrayLike,
+    prob: ArrayLike,
+    gmm: GaussianMixture1D,
+    *,
+    threshold: float = 0.5,
+    where: ArrayLike | None = None,
+    min_weight: float = 0.01,
+    min_separation: float = 0.1,
+) -> DivisionCheck:
+    r"""Flags a degenerate clean/noisy division by a fitted two-component mixture.
+
+    A division is degenerate when it puts every valid pair in one set,
+
+    .. math:: \min_n w_n > \tau \quad\text{or}\quad \max_n w_n \le \tau,
+
+    or when the mixture it comes from separates nothing:
+
+    .. math::
+      \text{fewer than two distinct values},\quad \min_k \pi_k < \pi_{\min},\quad
+      \text{or}\quad |\mu_1 - \mu_0| < \delta_{\min}\,\mathrm{sd}(x),
+
+    with :math:`\mathrm{sd}(x)` the standard deviation of the valid values the mixture
+    was fitted on. Both tests are scale-free: an increasing affine map of ``x`` and the
+    same map of the mixture leave them unchanged (the callers fit min-max normalised
+    values, so the fit is scale-free too), and one setting serves losses and scores of
+    any backbone. :math:`\pi_{\min} = 0.01` is the share NCR's split already keeps noisy
+    (``ncljax.labels.split_clean``); :math:`\delta_{\min} = 0.1`: two components whose
+    means lie within a tenth of the data's spread describe one cluster.
+
+    Args:
+      x: ``[N]`` the values the mixture was fitted on (e.g. min-max normalised losses).
+      prob: ``[N]`` the clean posterior of each value (the low- or high-mean component's).
+      gmm: the fitted :class:`GaussianMixture1D`.
+      threshold: :math:`\tau`, the clean split of ``prob`` (0.5).
+      where: optional bool ``[N]``; False entries are ignored.
+      min_weight: :math:`\pi_{\min}` in ``[0, 0.5)``.
+      min_separation: :math:`\delta_{\min} \ge 0`.
+
+    Returns:
+      A :class:`DivisionCheck`.
+    """
+    if not 0.0 <= min_weight < 0.5:
+        raise ValueError(f"min_weight must be in [0, 0.5), got {min_weight}")
+    if min_separation < 0:
+        raise ValueError(f"min_separation must be >= 0, got {min_separation}")
+    x = _as_float(x)
+    prob = jnp.asarray(prob)
+    mask = _valid_mask(x, where)
+    x = jnp.where(mask, x, 0.0)
+    count = jnp.maximum(jnp.sum(mask), 1).astype(x.dtype)
+    mean = jnp.sum(x) / count
+    sd = jnp.sqrt(jnp.sum(jnp.where(mask, (x - mean) ** 2, 0.0)) / count)
+    gap = jnp.abs(gmm.means[1] - gmm.means[0])
+    spread = (sd > 0) & ~gmm.degenerate  # one distinct value: no spread, whatever fp says
+    separation = jnp.where(spread, gap / jnp.where(spread, sd, 1.0), 0.0)
+    inseparable = gmm.degenerate | (jnp.min(gmm.weights) < min_weight) | (gap < min_separation * sd)
+    above = prob > threshold
+    one_set = jnp.all(above | ~mask) | ~jnp.any(above & mask)
+    return DivisionCheck(
+        degenerate=one_set | inseparable,
+        one_set=one_set,
+        inseparable=inseparable,
+        separation=separation,
+        lighter_weight=jnp.min(gmm.weights),
+    )

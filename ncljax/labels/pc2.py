@@ -323,7 +323,7 @@ def noisy_margin(
     cosine: ArrayLike,
     *,
     margin: float = 0.2,
-    cutoff: float | None = 0.5,
+    cutoff: ArrayLike | None = 0.5,
     detach: bool = True,
 ) -> jax.Array:
     r"""The soft margin of each pseudo pair from its prediction cosine (Eq. 5).
@@ -339,7 +339,7 @@ def noisy_margin(
     Args:
       cosine: ``[Bn]`` :math:`s` (:func:`assign_pseudo_captions`).
       margin: :math:`\alpha` (0.2).
-      cutoff: :math:`c` (0.5) or ``None``.
+      cutoff: :math:`c` (0.5; a scalar array, e.g. :func:`calibrated_cutoff`) or ``None``.
       detach: ``stop_gradient`` on the margin.
 
     Returns:
@@ -357,6 +357,70 @@ def noisy_margin(
     if cutoff is None:
         return alpha
     return jnp.where(cosine < cutoff, 0.0, alpha)
+
+
+def chance_cosine(
+    p_noisy: ArrayLike,
+    p_clean: ArrayLike,
+    *,
+    where: ArrayLike | None = None,
+    clean_where: ArrayLike | None = None,
+    eps: float = 1e-8,
+) -> jax.Array:
+    r"""The mean prediction cosine of unrelated pairs: every noisy row against every clean one.
+
+    .. math::
+      \bar s = \frac{1}{|\mathcal N|\,|\mathcal C|}\sum_{i\in\mathcal N}\sum_{j\in\mathcal C}
+        \frac{p_i^\top p_j}{\lVert p_i\rVert\,\lVert p_j\rVert}
+
+    the cosine a noisy image's prediction has with a clean image's prediction by chance
+    (about the share of classes two predictions share: near 0 for confident predictions
+    spread over many classes, near 1 for flat or collapsed ones).
+
+    Args:
+      p_noisy: ``[Bn, K]`` the noisy images' predictions.
+      p_clean: ``[Bc, K]`` the clean images' predictions.
+      where: optional bool ``[Bn]`` of real noisy rows.
+      clean_where: optional bool ``[Bc]`` of real clean rows.
+      eps: floor of the norms (1e-8).
+
+    Returns:
+      scalar :math:`\bar s` (0 without a real pair on either side), no gradient.
+    """
+    p_noisy, p_clean = _SG(_float(p_noisy)), _SG(_float(p_clean))
+    rows = jnp.ones(p_noisy.shape[0], bool) if where is None else jnp.asarray(where, bool)
+    cols = (
+        jnp.ones(p_clean.shape[0], bool) if clean_where is None else jnp.asarray(clean_where, bool)
+    )
+
+    def unit(p):
+        return p / jnp.maximum(jnp.linalg.norm(p, axis=1, keepdims=True), eps)
+
+    cosine = unit(p_noisy) @ unit(p_clean).T
+    both = rows[:, None] & cols[None, :]
+    return jnp.sum(jnp.where(both, cosine, 0.0)) / jnp.maximum(both.sum(), 1)
+
+
+def calibrated_cutoff(cutoff: float, chance: ArrayLike) -> jax.Array:
+    r"""Eq. 5's margin cutoff placed between the chance cosine and a perfect match.
+
+    .. math::  c' = \bar s + c\,(1 - \bar s)
+
+    replaces the code's absolute :math:`c = 0.5` (``calibration='data'``): the share
+    ``c`` of the way from the cosine unrelated predictions have (:func:`chance_cosine`) to
+    1. With confident predictions over many classes (:math:`\bar s \approx 0`) it is the
+    code's 0.5; with flat or collapsed predictions, where every cosine is near 1 and the
+    constant lets every pseudo pair through, it rises with them.
+
+    Args:
+      cutoff: :math:`c` in ``[0, 1]`` (0.5).
+      chance: scalar :math:`\bar s`.
+
+    Returns:
+      scalar :math:`c'`.
+    """
+    chance = jnp.asarray(chance)
+    return chance + cutoff * (1.0 - chance)
 
 
 def gather_rows(tree: Any, index: ArrayLike) -> Any:

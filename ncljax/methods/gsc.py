@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from ncljax import labels as labels_lib
 from ncljax import losses
+from ncljax.labels import gmm as gmm_lib
 from ncljax.methods import base
 from ncljax.models import heads
 
@@ -67,6 +68,8 @@ def gsc(
     gmm_tol: float = 1e-2,
     gmm_reg_covar: float = 5e-4,
     num_networks: int = 2,
+    division_min_weight: float = 0.01,
+    division_min_separation: float = 0.1,
 ) -> base.Method:
     """GSC as a method bundle.
 
@@ -103,6 +106,27 @@ def gsc(
       gmm_tol: EM tolerance (1e-2).
       gmm_reg_covar: GMM variance floor (5e-4).
       num_networks: 2 (GSC+, the paper's method) or 1 (the single-network GSC).
+      division_min_weight: an intra-modal GMM component lighter than this makes the
+        epoch's estimate degenerate (``ncljax.labels.gmm.check_division``; 0.01).
+      division_min_separation: component means closer than this many standard
+        deviations of the normalised scores make it degenerate (0.1).
+
+    Degenerate estimates: when the intra-modal GMM, GSC's one division, puts every pair
+    on one side of 0.5 (every pair clean, or none) or separates nothing (fewer than two
+    distinct scores, a component lighter than ``division_min_weight``, means closer than
+    ``division_min_separation`` standard deviations; ``ncljax.labels.gmm.check_division``),
+    the network keeps its previous ensembles and labels (before any estimate: the labels
+    1 of the first epoch, i.e. the ``'unit_labels'`` warm-up objective); the refresh logs
+    a warning with "fallback" and reports ``division_fallback`` (1). The labels
+    themselves are weights, not a selection: their level follows the cross-modal
+    indicator (a softmax probability among the batch's captions, small on hard batches),
+    and only their relative sizes reach an Adam step, so labels all below 0.5 still
+    train.
+
+    GSC applies no threshold to a similarity-derived score as an absolute constant: the
+    labels are ``min(Y_CM, Y_IM)`` (a softmax probability and a GMM posterior over
+    min-max normalised scores, both in ``[0, 1]``), weights rather than a cut, and the
+    temperatures are the losses' hyperparameters; it has no ``calibration`` switch.
     """
     if warmup_loss not in ("unit_labels", "infonce_i2t"):
         raise ValueError(
@@ -110,6 +134,11 @@ def gsc(
         )
     if num_networks not in (1, 2):
         raise ValueError(f"gsc num_networks must be 1 or 2, got {num_networks}.")
+    if not 0.0 <= division_min_weight < 0.5 or division_min_separation < 0:
+        raise ValueError(
+            "gsc needs 0 <= division_min_weight < 0.5 and division_min_separation >= 0, got "
+            f"{division_min_weight} and {division_min_separation}."
+        )
     if text_structure not in ("attention", "aligned"):
         raise ValueError(
             f"gsc text_structure must be 'attention' or 'aligned', got {text_structure!r}."
@@ -189,13 +218,37 @@ def gsc(
         del stats
         s = memory.samples
         new, mixture = update(s["ema_cross"], s["ema_intra"], s["cross"], s["intra"])
-        if bool(mixture.degenerate):
+        check = gmm_lib.check_division(
+            new.intra_normalised,
+            new.intra_posterior,
+            mixture,
+            min_weight=division_min_weight,
+            min_separation=division_min_separation,
+        )
+        fallback = bool(check.degenerate)
+        if fallback:
+            if bool(mixture.degenerate):
+                what = "intra-modal scores", "are all equal (no two clusters for the GMM)"
+            elif bool(check.one_set):
+                what = "intra-modal GMM", "puts every pair on one side of 0.5"
+            else:
+                separation, weight = float(check.separation), float(check.lighter_weight)
+                what = (
+                    "intra-modal GMM",
+                    (
+                        f"separates nothing (components {separation:.3f} standard deviations "
+                        f"apart, the lighter one of weight {weight:.4f})"
+                    ),
+                )
             logging.warning(
-                "gsc: network %d's intra-modal scores of epoch %d are all equal (no two "
-                "clusters for the GMM); keeping its previous labels.",
+                "gsc: network %d's %s of epoch %d %s; fallback: keeping its previous labels.",
                 ctx.network,
+                what[0],
                 ctx.epoch,
+                what[1],
             )
+            keep = ("ema_cross", "ema_intra", "labels")
+            new = new._replace(**{name: s[name] for name in keep})
         samples = dict(s, **new._asdict())
         diagnostics = {
             "gmm_weight_low": mixture.weights[0],
@@ -207,6 +260,8 @@ def gsc(
             "gmm_iterations": mixture.n_iter,
             "gmm_converged": mixture.converged,
             "gmm_degenerate": mixture.degenerate,
+            "gmm_separation": check.separation,
+            "division_fallback": jnp.float32(fallback),
             "label_mean": new.labels.mean(),
             "label_clean_fraction": (new.labels > 0.5).mean(),
         }

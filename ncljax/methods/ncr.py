@@ -45,6 +45,7 @@ import numpy as np
 
 from ncljax import labels as labels_lib
 from ncljax import losses
+from ncljax.labels import gmm as gmm_lib
 from ncljax.methods import base
 
 WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
@@ -66,6 +67,8 @@ def ncr(
     target_prediction: str = "pair",
     loss_reduction: str = "sum",
     num_networks: int = 2,
+    division_min_weight: float = 0.01,
+    division_min_separation: float = 0.1,
 ) -> base.Method:
     """NCR as a method bundle.
 
@@ -89,6 +92,25 @@ def ncr(
       loss_reduction: ``'sum'`` over the batch (the official code; with clipping at 2.0
         this is not the same as a mean) or ``'mean'``.
       num_networks: 2 (NCR), or 1: a single network trained on its own division.
+      division_min_weight: a GMM component lighter than this makes the division
+        degenerate (``ncljax.labels.gmm.check_division``; 0.01).
+      division_min_separation: component means closer than this many standard
+        deviations of the normalised losses make the division degenerate (0.1).
+
+    Degenerate divisions: a co-divide that puts every pair on one side of ``threshold``
+    (every posterior above it, or none), or whose mixture separates nothing (fewer than
+    two distinct losses, a component of weight below ``division_min_weight``, means
+    closer than ``division_min_separation`` standard deviations;
+    ``ncljax.labels.gmm.check_division``), is not used. The network keeps its previous
+    non-degenerate division; before any, its peer trains with the warm-up objective
+    (the mean-negative hinge on all pairs). The refresh logs a warning with "fallback"
+    and reports ``division_fallback`` (1) in its diagnostics.
+
+    NCR applies no threshold to a similarity-derived score as an absolute constant: the
+    GMM split ``threshold`` is a posterior (calibrated by the mixture fitted on the
+    epoch's min-max normalised losses), the predictions ``P`` are scaled by a batch's top
+    tenth, and ``margin`` is the hinge loss's hyperparameter; it has no ``calibration``
+    switch.
     """
     if soft_margin not in _MARGINS:
         raise ValueError(f"ncr soft_margin must be one of {_MARGINS}, got {soft_margin!r}.")
@@ -102,6 +124,11 @@ def ncr(
         raise ValueError(f"ncr num_networks must be 1 or 2, got {num_networks}.")
     if warmup_epochs < 0 or noisy_start_epoch < 0:
         raise ValueError("ncr warmup_epochs and noisy_start_epoch must be >= 0.")
+    if not 0.0 <= division_min_weight < 0.5 or division_min_separation < 0:
+        raise ValueError(
+            "ncr needs 0 <= division_min_weight < 0.5 and division_min_separation >= 0, got "
+            f"{division_min_weight} and {division_min_separation}."
+        )
     predict = functools.partial(labels_lib.correspondence_prediction, margin=margin)
     divide = functools.partial(
         labels_lib.loss_division,
@@ -115,6 +142,7 @@ def ncr(
         ones = jnp.ones(ctx.num_samples, jnp.float32)
         zeros = jnp.zeros(ctx.num_samples, jnp.float32)
         samples = {"prob": ones, "clean": ones, "loss": zeros, "loss_raw": zeros}
+        samples["divided"] = zeros  # 1 once the network has a non-degenerate division
         return base.Memory(samples=samples, state={})
 
     def plan_fn(epoch: int) -> base.EpochPlan:
@@ -159,6 +187,7 @@ def ncr(
         if ctx.phase == WARMUP:
             return losses.triplet_mean(sim, margin, where=mask), {}
         if ctx.update == 0:  # the peer's clean set, co-rectified
+            undivided = peer_rows["divided"] < 0.5  # the peer has no division yet: fallback
             own = ctx.prepared["clean"]
             if target_prediction == "first":
                 own = jnp.broadcast_to(own[0], own.shape)
@@ -169,6 +198,8 @@ def ncr(
             name = "noisy"
         margins = losses.soft_margin(targets, margin, kind=soft_margin)
         loss = losses.triplet_hardest(sim, margins, where=mask, margin_of=margin_of)
+        if ctx.update == 0:
+            loss = jnp.where(undivided, losses.triplet_mean(sim, margin, where=mask), loss)
         aux = {
             "metrics": {f"target_{name}": targets, f"loss_{name}": loss},
             "clean_estimates": {name: targets},
@@ -182,23 +213,27 @@ def ncr(
     def refresh_fn(memory, stats, ctx):
         division = divide(stats["loss"])
         gmm = division.gmm
+        check = gmm_lib.check_division(
+            division.normalised,
+            division.prob,
+            gmm,
+            threshold=threshold,
+            min_weight=division_min_weight,
+            min_separation=division_min_separation,
+        )
         samples = dict(
             memory.samples,
             loss=division.normalised.astype(jnp.float32),
             loss_raw=jnp.asarray(stats["loss"], jnp.float32),
         )
-        if bool(gmm.degenerate):
-            # All losses equal: no two clusters, the posterior says nothing.
-            logging.warning(
-                "ncr: network %d's per-pair losses of epoch %d are all equal (no two "
-                "clusters for the GMM); keeping its previous division.",
-                ctx.network,
-                ctx.epoch,
-            )
+        fallback = bool(check.degenerate)
+        if fallback:
+            warn_division_fallback("ncr", ctx, check, samples["divided"])
         else:
             samples.update(
                 prob=division.prob.astype(jnp.float32),
                 clean=division.clean.astype(jnp.float32),
+                divided=jnp.ones_like(samples["divided"]),
             )
         diagnostics = {
             "gmm_mean_clean": gmm.means[0],
@@ -207,6 +242,8 @@ def ncr(
             "gmm_iterations": gmm.n_iter,
             "gmm_converged": gmm.converged,
             "gmm_degenerate": gmm.degenerate,
+            "gmm_separation": check.separation,
+            "division_fallback": jnp.float32(fallback),
             "clean_fraction": samples["clean"].mean(),
             "prob_mean": samples["prob"].mean(),
         }
@@ -226,6 +263,33 @@ def ncr(
         prepare_fn=prepare_fn,
         loss_reduction=loss_reduction,
     )
+
+
+def warn_division_fallback(name: str, ctx, check, divided) -> None:
+    """Logs a degenerate co-divide and the fallback taken (NCR and PC2), once per refresh.
+
+    Args:
+      name: the method's name.
+      ctx: the ``RefreshContext``.
+      check: the co-divide's ``ncljax.labels.gmm.DivisionCheck``.
+      divided: ``[N]`` the network's ``divided`` memory (any 1: a previous division).
+    """
+    if bool(check.inseparable) and float(check.separation) == 0.0:
+        what = "per-pair losses of epoch %d are all equal (no two clusters for the GMM)"
+    elif bool(check.one_set):
+        what = "co-divide of epoch %d puts every pair on one side of the threshold"
+    else:
+        what = (
+            "co-divide of epoch %d separates nothing (GMM components "
+            f"{float(check.separation):.3f} standard deviations apart, the lighter one "
+            f"of weight {float(check.lighter_weight):.4f})"
+        )
+    rule = (
+        "keeping its previous division"
+        if bool(jnp.any(divided > 0.5))
+        else "no previous division, its peer trains with the warm-up objective"
+    )
+    logging.warning(f"%s: network %d's {what}; fallback: %s.", name, ctx.network, ctx.epoch, rule)
 
 
 def diagnostic_scores(memory: base.Memory) -> dict:

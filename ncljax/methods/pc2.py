@@ -73,9 +73,10 @@ import numpy as np
 
 from ncljax import labels as labels_lib
 from ncljax import losses
+from ncljax.labels import gmm as gmm_lib
 from ncljax.labels import pc2 as pc2_labels
 from ncljax.losses.pseudo import ENTROPY_MODES
-from ncljax.methods import base
+from ncljax.methods import base, ncr
 
 WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
 CLEAN_PSEUDO = base.MAIN + 1  # co-training with the clean and the pseudo-caption updates
@@ -111,6 +112,9 @@ def pc2(
     gmm_tol: float = 1e-2,
     gmm_reg_covar: float = 5e-4,
     loss_reduction: str = "sum",
+    calibration: str = "data",
+    division_min_weight: float = 0.01,
+    division_min_separation: float = 0.1,
     model_config=None,
 ) -> base.Method:
     """PC2 as a method bundle.
@@ -165,8 +169,29 @@ def pc2(
       gmm_reg_covar: GMM variance floor (5e-4).
       loss_reduction: ``'sum'`` over the batch (the code; the pseudo-classification terms
         are batch means inside it) or ``'mean'``.
+      calibration: ``'data'`` (default) or ``'paper'``. The one absolute constant PC2
+        applies to a similarity-derived score is Eq. 5's cutoff on the prediction cosine
+        ``s`` (``noisy_margin_cutoff``, the code's 0.5). ``'data'`` replaces
+        ``alpha^n = 0 if s < c`` by ``alpha^n = 0 if s < s_bar + c (1 - s_bar)``, with
+        ``s_bar`` the mean cosine between the batch's noisy and clean predictions (the
+        cosine of unrelated pairs; ``ncljax.labels.pc2.calibrated_cutoff``); ``'paper'``
+        keeps ``c`` (the configs of the precomp benchmarks). The GMM splits at ``tau``
+        are posteriors (calibrated by the mixtures) and ``margin`` is the hinge's
+        hyperparameter.
+      division_min_weight: a loss-GMM (or oscillation-GMM) component lighter than this
+        makes that division degenerate (``ncljax.labels.gmm.check_division``; 0.01).
+      division_min_separation: component means closer than this many standard
+        deviations of the normalised values make it degenerate (0.1).
       model_config: the run's ``model`` config section (injected by the trainer): what the
         pseudo-classifier reads depends on ``model.head`` and ``model.embed_dim``.
+
+    Degenerate divisions: a loss co-divide that puts every pair on one side of
+    ``threshold`` or whose mixture separates nothing (``ncljax.labels.gmm.check_division``)
+    is not used: the network keeps its previous non-degenerate division; before any, its
+    peer trains with the warm-up objective (the mean-negative hinge on all pairs, plus the
+    pseudo-classification). A degenerate oscillation division turns the rectification off
+    for the epoch (``w_o = 0``). Each is logged with "fallback" and reported
+    (``division_fallback``, ``osc_division_fallback``).
     """
     if bank_mode not in BANK_MODES:
         raise ValueError(f"pc2 bank_mode must be one of {BANK_MODES}, got {bank_mode!r}.")
@@ -194,6 +219,13 @@ def pc2(
         )
     if classification_start_epoch < 0:
         raise ValueError("pc2 classification_start_epoch must be >= 0.")
+    if calibration not in ("data", "paper"):
+        raise ValueError(f"pc2 calibration must be 'data' or 'paper', got {calibration!r}.")
+    if not 0.0 <= division_min_weight < 0.5 or division_min_separation < 0:
+        raise ValueError(
+            "pc2 needs 0 <= division_min_weight < 0.5 and division_min_separation >= 0, got "
+            f"{division_min_weight} and {division_min_separation}."
+        )
     if noisy_margin_cutoff is not None and not 0.0 <= noisy_margin_cutoff <= 1.0:
         raise ValueError(
             f"pc2 noisy_margin_cutoff must be in [0, 1] or None, got {noisy_margin_cutoff}."
@@ -256,6 +288,7 @@ def pc2(
             "osc_raw": zeros,
             "bank": jnp.full((n, num_classes), 1.0 / num_classes, jnp.float32),
             "bank_valid": zeros,
+            "divided": zeros,  # 1 once the network has a non-degenerate loss division
         }
         if bank_mode == "code":
             samples["position"] = jnp.arange(n, dtype=jnp.int32)  # inside its subset
@@ -333,8 +366,12 @@ def pc2(
         if "valid" in text_clean:  # the borrowed captions of real noisy pairs are real
             borrowed["valid"] = noisy["mask"]
         sim = model.similarity(image, borrowed, train=True)
+        chance = pc2_labels.chance_cosine(
+            p_noisy, p_clean, where=noisy["mask"], clean_where=clean["mask"]
+        )
         return {
             "sim": sim,
+            "pseudo_chance": chance,
             "pseudo_index": index,
             "pseudo_cosine": cosine,
             "p_noisy": p_noisy,
@@ -377,6 +414,8 @@ def pc2(
         )
         margins = losses.soft_margin(targets, margin, kind="exponential")
         hinge = losses.triplet_hardest(sim, margins, where=mask, margin_of=clean_margin_of)
+        undivided = peer_rows["divided"] < 0.5  # the peer has no division yet: fallback
+        hinge = jnp.where(undivided, losses.triplet_mean(sim, margin, where=mask), hinge)
         aux = {
             "metrics": {
                 "target_clean": targets,
@@ -392,8 +431,11 @@ def pc2(
     def pseudo_caption_loss(outputs, batch, ctx):
         mask = batch["mask"]
         cosine = outputs["pseudo_cosine"]
+        cutoff = noisy_margin_cutoff
+        if cutoff is not None and calibration == "data":
+            cutoff = pc2_labels.calibrated_cutoff(cutoff, outputs["pseudo_chance"])
         margins = pc2_labels.noisy_margin(
-            cosine, margin=margin, cutoff=noisy_margin_cutoff, detach=detach_noisy_margin
+            cosine, margin=margin, cutoff=cutoff, detach=detach_noisy_margin
         )
         hinge = losses.triplet_hardest(
             outputs["sim"], margins, where=mask, margin_of=noisy_margin_of
@@ -403,6 +445,9 @@ def pc2(
                 "loss_noisy": hinge,
                 "pseudo_cosine": jax.lax.stop_gradient(cosine),
                 "pseudo_margin": jax.lax.stop_gradient(margins),
+                "pseudo_cutoff": jnp.broadcast_to(
+                    jnp.asarray(0.0 if cutoff is None else cutoff), margins.shape
+                ),
             },
             "pseudo_caption_index": outputs["pseudo_index"],
             "loss_weight": jax.lax.stop_gradient(margins),
@@ -442,17 +487,22 @@ def pc2(
             loss=division.normalised.astype(jnp.float32),
             loss_raw=jnp.asarray(stats["loss"], jnp.float32),
         )
-        if bool(division.gmm.degenerate):
-            logging.warning(
-                "pc2: network %d's per-pair losses of epoch %d are all equal (no two "
-                "clusters for the GMM); keeping its previous division.",
-                ctx.network,
-                ctx.epoch,
-            )
+        check = gmm_lib.check_division(
+            division.normalised,
+            division.prob,
+            division.gmm,
+            threshold=threshold,
+            min_weight=division_min_weight,
+            min_separation=division_min_separation,
+        )
+        fallback = bool(check.degenerate)
+        if fallback:
+            ncr.warn_division_fallback("pc2", ctx, check, samples["divided"])
         else:
             samples.update(
                 prob=division.prob.astype(jnp.float32),
                 clean=division.clean.astype(jnp.float32),
+                divided=jnp.ones_like(samples["divided"]),
             )
         pred = jnp.asarray(stats["pred"], jnp.float32)
         valid = memory.samples["bank_valid"] > 0.5
@@ -461,13 +511,28 @@ def pc2(
         )
         osc_division = divide(osc)
         samples.update(osc=osc_division.normalised.astype(jnp.float32), osc_raw=osc)
-        if bool(osc_division.gmm.degenerate):
+        osc_check = gmm_lib.check_division(
+            osc_division.normalised,
+            osc_division.prob,
+            osc_division.gmm,
+            threshold=threshold,
+            min_weight=division_min_weight,
+            min_separation=division_min_separation,
+        )
+        osc_fallback = bool(osc_check.degenerate)
+        if osc_fallback:
+            what = (
+                "are all equal"
+                if bool(osc_division.gmm.degenerate)
+                else "give a degenerate division (one set, or components that coincide)"
+            )
             logging.warning(
-                "pc2: network %d's prediction oscillations of epoch %d are all equal (%d "
-                "of %d pairs have a previous prediction); the rectification is off this "
+                "pc2: network %d's prediction oscillations of epoch %d %s (%d of %d pairs "
+                "have a previous prediction); fallback: the rectification is off this "
                 "epoch (w_o = 0).",
                 ctx.network,
                 ctx.epoch,
+                what,
                 int(valid.sum()),
                 valid.size,
             )
@@ -501,6 +566,9 @@ def pc2(
             "gmm_mean_noisy": gmm.means[1],
             "gmm_converged": gmm.converged,
             "gmm_degenerate": gmm.degenerate,
+            "gmm_separation": check.separation,
+            "division_fallback": jnp.float32(fallback),
+            "osc_division_fallback": jnp.float32(osc_fallback),
             "clean_fraction": samples["clean"].mean(),
             "prob_mean": samples["prob"].mean(),
             "osc_gmm_mean_clean": osc_gmm.means[0],

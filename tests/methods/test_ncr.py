@@ -120,7 +120,7 @@ def test_clean_and_noisy_updates_match_the_official_step(sims, variant):
     np.testing.assert_allclose(prepared["noisy"], (p_own + p_peer) / 2, atol=1e-5)  # Eq. 7
     # Update 0: the peer's clean probability w, co-rectified with the own prediction (Eq. 6).
     w = np.array([0.9, 0.7, 0.99, 0.6, 0.8, 0.95], np.float32)
-    rows = {"prob": jnp.asarray(w)}
+    rows = {"prob": jnp.asarray(w), "divided": jnp.ones(6)}
     outputs = {"sim": jnp.asarray(own)}
     loss, aux = method.loss_fn(outputs, batch, rows, rows, _ctx(ncr.CLEAN_NOISY, 0, prepared))
     target = w + (1 - w) * (p_own[0] if code else p_own)  # the code's pl[0]
@@ -159,7 +159,7 @@ def test_plan_streams_and_refresh():
     assert all(p.in_turn and p.min_batch == 2 for p in plans)
     assert [p.updates for p in plans[4:]] == [(0,), (0, 1), (0, 1)]
     clean = jnp.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 0]], jnp.float32)
-    memory = base.Memory({"clean": clean, "prob": clean, "loss": clean}, {})
+    memory = base.Memory({"clean": clean, "prob": clean, "loss": clean, "divided": clean}, {})
     for network, peer in ((0, 1), (1, 0)):  # each network walks its peer's division
         streams = method.streams_fn(memory, 2, network)
         np.testing.assert_array_equal(streams.main, np.flatnonzero(clean[peer]))
@@ -177,7 +177,8 @@ def test_plan_streams_and_refresh():
 def test_equal_losses_keep_the_previous_division_with_a_warning(caplog):
     method = methods.build_method("ncr")
     previous = (np.arange(40) % 3 != 0).astype(np.float32)
-    memory = base.Memory({"clean": previous, "prob": previous, "loss": previous * 0}, {})
+    samples = {"clean": previous, "prob": previous, "loss": previous * 0, "divided": previous}
+    memory = base.Memory(samples, {})
     ctx = base.RefreshContext(3, 10, 1, None, None)
     with caplog.at_level(logging.WARNING):
         new, diagnostics = method.refresh_fn(memory, {"loss": jnp.full(40, 0.7)}, ctx)

@@ -234,6 +234,7 @@ def test_clean_update_uses_the_rectified_margins_of_eq_8(variant):
     w_o = np.array([0.2, 0.5, 0.7, 0.49, 0.9, 0.51, 0.3], np.float32)
     osc_clean = np.array([0, 0, 1, 1, 1, 0, 0], np.float32)  # a split with the 1% rule
     peer = {"prob": jnp.asarray(w), "osc_prob": jnp.asarray(w_o), "osc_clean": osc_clean}
+    peer["divided"] = jnp.ones(7)
     out = {"sim": sim, "image_logits": img, "text_logits": txt}
     per, aux = method.loss_fn(out, {"mask": MASK}, {}, peer, _ctx(pc2.CLEAN))
     indicator = osc_clean > 0.5 if code else w_o >= 0.5  # the paper's >=: 0.5 counts
@@ -256,7 +257,7 @@ def test_clean_update_uses_the_rectified_margins_of_eq_8(variant):
 def test_pseudo_caption_update_uses_eq_5_margins_and_logs_its_borrowed_captions(variant):
     code = variant == "code"
     kwargs = {"margin_indexing": "code", "bank_mode": "code"} if code else {}
-    method = _method(noisy_weight=0.5, **kwargs)
+    method = _method(noisy_weight=0.5, calibration="paper", **kwargs)  # the code's cutoff
     sim = _sim(7)
     cosine = jnp.array([0.3, 0.5, 0.9, 0.99, 0.49, 1.0, 0.7])
     index = jnp.array([0, 3, 3, 1, 2, 5, 6], jnp.int32)
@@ -306,6 +307,7 @@ def test_noisy_margin_detached_by_default_and_the_codes_gradient_on_request():
         "pseudo_index": jnp.zeros(7, jnp.int32),
         "p_noisy": jnp.zeros((7, K)),
         "p_clean": jnp.zeros((7, K)),
+        "pseudo_chance": jnp.zeros(()),
     }
 
     def total(cosine, method):
