@@ -623,7 +623,12 @@ def plot(rows: Sequence[dict], family: str, path: str) -> None:
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend = {}  # every method once, in method order, whichever panels it appears in
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    labels = [_name(m) for m in methods if _name(m) in legend]
+    handles = [legend[label] for label in labels]
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), frameon=False)
     fig.tight_layout(rect=(0, 0.06 if nrows == 1 else 0.03, 1, 1))
     fig.savefig(path, dpi=120)
