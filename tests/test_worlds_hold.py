@@ -15,6 +15,17 @@ from ncljax import report
 
 WORLDS = ("small_global", "strong_classes")
 METHODS = report.FAMILIES["pairs"].methods
+# Measured exceptions (issue 29's closing note and benchmarks/RESULTS.md): UGNCL's warm-up
+# trains on every pair for two unselectable epochs, by when InfoNCE's best epoch (epoch
+# 1-4 at 40-60% noise on these worlds) is past and the noise is memorised: UGNCL 80.3 +- 5.3
+# against InfoNCE 80.9 +- 6.5 on small_global at 60%, 226.8 / 151.7 against 234.9 / 168.2
+# on strong_classes at 40 / 60% (three seeds). Listed so the test fails on any new
+# exception; remove an entry when the method holds there.
+KNOWN_SHORT = {
+    ("small_global", 0.6, "ugncl"),
+    ("strong_classes", 0.4, "ugncl"),
+    ("strong_classes", 0.6, "ugncl"),
+}
 
 
 @pytest.mark.slow
@@ -30,5 +41,10 @@ def test_every_method_holds_on_the_world(tmp_path, world):
     rows = report.summarise(finished, "pairs")
     checks = report.below_baseline(rows, "pairs")
     assert {(c["rate"]) for c in checks} == {0.0, 0.4, 0.6}
-    below = [(c["rate"], c["baseline"], round(c["mean"], 1), c["below"]) for c in checks]
-    assert all(not c["below"] for c in checks), below
+    below = [
+        (c["rate"], c["baseline"], round(c["mean"], 1), method, round(mean, 1))
+        for c in checks
+        for method, mean in c["below"]
+        if (world, c["rate"], method) not in KNOWN_SHORT
+    ]
+    assert not below, below
