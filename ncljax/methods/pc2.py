@@ -480,6 +480,13 @@ def pc2(
             "pred": jax.nn.softmax(outputs["image_logits"], axis=-1),
         }
 
+    check_division = functools.partial(  # the loss and the oscillation divisions alike
+        gmm_lib.check_division,
+        threshold=threshold,
+        min_weight=division_min_weight,
+        min_separation=division_min_separation,
+    )
+
     def refresh_fn(memory, stats, ctx):
         samples = dict(memory.samples)
         division = divide(stats["loss"])
@@ -487,14 +494,7 @@ def pc2(
             loss=division.normalised.astype(jnp.float32),
             loss_raw=jnp.asarray(stats["loss"], jnp.float32),
         )
-        check = gmm_lib.check_division(
-            division.normalised,
-            division.prob,
-            division.gmm,
-            threshold=threshold,
-            min_weight=division_min_weight,
-            min_separation=division_min_separation,
-        )
+        check = check_division(division.normalised, division.prob, division.gmm)
         fallback = bool(check.degenerate)
         if fallback:
             ncr.warn_division_fallback("pc2", ctx, check, samples["divided"])
@@ -511,14 +511,7 @@ def pc2(
         )
         osc_division = divide(osc)
         samples.update(osc=osc_division.normalised.astype(jnp.float32), osc_raw=osc)
-        osc_check = gmm_lib.check_division(
-            osc_division.normalised,
-            osc_division.prob,
-            osc_division.gmm,
-            threshold=threshold,
-            min_weight=division_min_weight,
-            min_separation=division_min_separation,
-        )
+        osc_check = check_division(osc_division.normalised, osc_division.prob, osc_division.gmm)
         osc_fallback = bool(osc_check.degenerate)
         if osc_fallback:
             what = (

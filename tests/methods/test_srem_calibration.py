@@ -11,29 +11,7 @@ import pytest
 
 from ncljax import losses, methods
 from ncljax.methods import base
-
-
-def _otsu_oracle(values):
-    """Every cut between distinct sorted values, by brute force: the one with the largest
-    between-class sum of squares (the first on a tie), its midpoint and class means."""
-    x = np.sort(np.asarray(values, np.float64))
-    best, result = -1.0, None
-    for k in range(1, len(x)):
-        if x[k] == x[k - 1]:
-            continue
-        low, high = x[:k], x[k:]
-        between = k * (len(x) - k) * (low.mean() - high.mean()) ** 2
-        if between > best * (1 + 1e-9):
-            best = between
-            result = (0.5 * (x[k - 1] + x[k]), low.mean(), high.mean(), k / len(x))
-    return result
-
-
-def _energies(seed, n=300):
-    rng = np.random.default_rng(seed)
-    clean = rng.normal(-3.0, 0.6, size=n // 2)
-    noisy = rng.normal(-0.5, 0.8, size=n - n // 2)
-    return rng.permutation(np.concatenate([clean, noisy])).astype(np.float32)
+from tests.labels.test_srem_calibration import _energies, _otsu_oracle
 
 
 def _logits(seed, b=8, boost=4.0):
