@@ -29,7 +29,8 @@
 # GPU_RUN_RATES (0.4,0.6,0), GPU_RUN_SEEDS (0), GPU_RUN_JOBS (runs at a time, 11),
 # GPU_RUN_MEM_FRACTION (GPU memory cap per sweep run, 0.07), GPU_RUN_SWEEP_CAP (seconds,
 # 240), GPU_RUN_SET (space-separated field=value overrides for every sweep run, e.g.
-# "train.epochs=2" for a smoke test).
+# "train.epochs=2" for a smoke test), GPU_RUN_FAMILY (pairs; labels sweeps the noisy-label
+# methods on the labels worlds through ncljax.report).
 #
 # Local smoke test on a CPU (no GPU: the profile runs at a tiny batch):
 #   OUT=/tmp/gpuprep/out PYTHON=/tmp/gpuvenv/bin/python GPU_RUN_PROFILE_ARGS="--batch=4
@@ -61,6 +62,7 @@ JOBS=${GPU_RUN_JOBS:-11}
 MEM_FRACTION=${GPU_RUN_MEM_FRACTION:-0.07}
 SWEEP_CAP=${GPU_RUN_SWEEP_CAP:-240}
 SETS=${GPU_RUN_SET:-}
+FAMILY=${GPU_RUN_FAMILY:-pairs}
 RESERVE=25  # seconds kept for the summary and the tar at the end
 LOGS=/tmp/gpu_run_logs
 RUNS=/tmp/gpu_run_sweep
@@ -198,13 +200,13 @@ sweep() {
         say "sweep (limit ${limit} s) through ncljax.report: world $WORLD, methods $METHODS," \
             "rates $RATES, seeds $SEEDS, $JOBS at a time"
         timeout -k 10 "$limit" "$PY" -m ncljax.report --out="$RUNS" --worlds="$WORLD" \
-            --methods="$METHODS" --rates="$RATES" --seeds="$SEEDS" --jobs="$JOBS" "${sets[@]}"
+            --family="$FAMILY" --methods="$METHODS" --rates="$RATES" --seeds="$SEEDS" --jobs="$JOBS" "${sets[@]}"
         local rc=$?
         echo "ncljax.report exit $rc"
         if ((rc == 124 || rc == 137)); then  # cut by the timeout: tabulate what finished
-            timeout 60 "$PY" -m ncljax.report --out="$RUNS" --aggregate_only >/dev/null 2>&1
+            timeout 60 "$PY" -m ncljax.report --out="$RUNS" --family="$FAMILY" --aggregate_only >/dev/null 2>&1
         fi
-        cp "$RUNS"/report_pairs.* "$OUT"/ 2>/dev/null
+        cp "$RUNS"/report_*.* "$OUT"/ 2>/dev/null
     else
         say "sweep (limit ${limit} s), plain train.py runs (no ncljax.report):" \
             "world $WORLD, methods $METHODS, rates $RATES, seeds $SEEDS, $JOBS at a time"
