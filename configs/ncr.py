@@ -20,7 +20,8 @@ with an official index file), none on CC152K (real noise).
 cosine head, trained like ``configs/vse.py:synthetic`` (Adam 1e-3, batch 128, 12
 epochs: 2 warm-up + 10 co-training, the noisy update from co-training epoch 5).
 ``,code`` turns on the official code's deviations from the paper (``margin_of='image'``,
-``target_prediction='first'``; see ``ncljax/methods/ncr.py``).
+``target_prediction='broadcast'``: the code's ``[B, B]`` clean labels ``w_i + (1 - w_i) P_j``;
+see ``ncljax/methods/ncr.py``).
 
 Reference: Huang et al., "Learning with Noisy Correspondence for Cross-modal Matching",
 NeurIPS 2021.
@@ -37,7 +38,7 @@ SCHEDULES = {
     "cc152k": (10, 40, 30),
 }
 DATASETS = tuple(SCHEDULES)
-CODE = dict(margin_of="image", target_prediction="first")  # the official code's switches
+CODE = dict(margin_of="image", target_prediction="broadcast")  # the official code's switches
 
 
 def get_config(arg: str = "synthetic"):

@@ -34,6 +34,7 @@ from ncljax.labels.ncr import (
     LossDivision,
     correspondence_prediction,
     loss_division,
+    rectified_label_matrix,
     rectified_labels,
     split_clean,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "prediction_oscillation",
     "random_confident_set",
     "rectified_complementary_dist",
+    "rectified_label_matrix",
     "rectified_labels",
     "relation_plan",
     "relation_scores",

@@ -12,7 +12,8 @@ whole procedure.
   rule of ``split_clean``).
 * ``correspondence_prediction``: the network's own estimate ``P`` of each pair's
   correspondence from its hinge costs (the official ``predict``).
-* ``rectified_labels``: ``y_hat = w y + (1 - w) P`` (Eq. 6).
+* ``rectified_labels``: ``y_hat = w y + (1 - w) P`` (Eq. 6); ``rectified_label_matrix``: the
+  official code's broadcast of the same line into a ``[B, B]`` matrix.
 """
 
 from typing import NamedTuple
@@ -175,3 +176,35 @@ def rectified_labels(prob: ArrayLike, prediction: ArrayLike, labels: ArrayLike =
     """
     prob = jnp.asarray(prob)
     return prob * labels + (1.0 - prob) * jnp.asarray(prediction)
+
+
+def rectified_label_matrix(
+    prob: ArrayLike, prediction: ArrayLike, labels: ArrayLike = 1.0
+) -> jax.Array:
+    r"""The official NCR code's co-rectified clean labels: Eq. 6 broadcast to ``[B, B]``.
+
+    .. math::  \hat y_{ij} = w_i y_i + (1 - w_i) P_j
+
+    The official ``co_train.train`` computes ``ptl = batch_prob_l * batch_labels_l + (1 -
+    batch_prob_l) * pl`` with ``[B, 1]`` probabilities and labels and a ``[B]`` prediction, so
+    its clean labels are a matrix, and its hinge loss gives entry ``(i, j)`` (after the soft
+    margin) to both terms that pair image ``i`` with caption ``j``: image ``i`` against
+    caption ``j`` and caption ``j`` against image ``i`` (``ncljax.losses.hinge_costs`` with a
+    ``[B, B]`` margin). The diagonal is Eq. 6's ``rectified_labels``.
+
+    Args:
+      prob: ``[B]`` the peer network's clean probability :math:`w_i`.
+      prediction: ``[B]`` the training network's prediction :math:`P_j`.
+      labels: observed labels :math:`y_i`, a scalar or ``[B]`` (1 for every pair of a
+        correspondence dataset).
+
+    Returns:
+      ``[B, B]`` soft labels, rows indexed by image, columns by caption.
+
+    References:
+      Huang et al., NeurIPS 2021, Eq. 6; the official code (``co_train.train``, the line
+      that builds ``ptl``).
+    """
+    prob = jnp.asarray(prob)[:, None]
+    labels = jnp.broadcast_to(jnp.asarray(labels, prob.dtype), prob.shape[:1])[:, None]
+    return prob * labels + (1.0 - prob) * jnp.asarray(prediction)[None, :]

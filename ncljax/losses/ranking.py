@@ -43,10 +43,16 @@ def hinge_costs(
     Both are zero on the diagonal, in every column whose negative is masked out, and in every row
     whose own example is masked out.
 
+    A ``[B, B]`` margin gives every image-caption pairing its own margin, used by the terms of
+    both directions that pair them: :math:`\alpha_{bc}` for image ``b`` against caption ``c``,
+    :math:`\alpha_{ib}` for caption ``b`` against image ``i`` (the official NCR code's clean
+    margins, ``ncljax.labels.ncr.rectified_label_matrix``).
+
     Args:
       sim: ``[B, B]`` image-by-caption similarities; positives on the diagonal.
-      margin: the margin :math:`\alpha`, a scalar or a per-pair ``[B]`` array of soft margins.
-        Default 0.2.
+      margin: the margin :math:`\alpha`: a scalar, a per-pair ``[B]`` array of soft margins, or
+        a ``[B, B]`` array ``margin[i, c]`` for the terms that pair image ``i`` with caption
+        ``c``. Default 0.2.
       where: optional bool ``[B]``, True for real examples. Masked examples are never used as
         negatives and their own rows are zero. Default: all real.
       margin_of: whose margin a per-pair margin term uses. ``'positive'`` (default, the papers):
@@ -55,6 +61,7 @@ def hinge_costs(
         terms, :math:`\alpha_i` for caption ``b``'s t2i term against image ``i``.
         ``'caption'``: the caption's (a ``[B]`` row, as PC2's noisy-pair loss): :math:`\alpha_c`
         for image ``b``'s i2t term against caption ``c``, :math:`\alpha_b` for caption ``b``.
+        A ``[B, B]`` margin already names each term's margin and takes only ``'positive'``.
 
     Returns:
       ``(cost_i2t, cost_t2i)``, each ``[B, B]`` and non-negative.
@@ -71,11 +78,22 @@ def hinge_costs(
         raise ValueError(f"margin_of must be one of {_MARGIN_OF}, got {margin_of!r}")
     num = sim.shape[0]
     positive = jnp.diagonal(sim)
-    margin = jnp.broadcast_to(jnp.asarray(margin, dtype=sim.dtype), (num,))
+    margin = jnp.asarray(margin, dtype=sim.dtype)
     valid = _negative_mask(num, where)
-    own, other = margin[:, None], margin[None, :]  # [b, c]: the query b's, the candidate's
-    margin_i2t = other if margin_of == "caption" else own
-    margin_t2i = other if margin_of == "image" else own
+    if margin.ndim == 2:
+        if margin.shape != (num, num):
+            raise ValueError(f"a matrix margin must have shape ({num}, {num}), got {margin.shape}")
+        if margin_of != "positive":
+            raise ValueError(
+                f"margin_of={margin_of!r} applies to a [B] margin; a [B, B] margin already "
+                "names each term's margin (leave margin_of='positive')"
+            )
+        margin_i2t, margin_t2i = margin, margin.T  # [image, caption], [caption, image]
+    else:
+        margin = jnp.broadcast_to(margin, (num,))
+        own, other = margin[:, None], margin[None, :]  # [b, c]: the query b's, the candidate's
+        margin_i2t = other if margin_of == "caption" else own
+        margin_t2i = other if margin_of == "image" else own
     cost_i2t = jnp.where(valid, jax.nn.relu(margin_i2t - positive[:, None] + sim), 0.0)
     cost_t2i = jnp.where(valid, jax.nn.relu(margin_t2i - positive[:, None] + sim.T), 0.0)
     return cost_i2t, cost_t2i
@@ -97,7 +115,8 @@ def triplet_hardest(
 
     Args:
       sim: ``[B, B]`` image-by-caption similarities; positives on the diagonal.
-      margin: scalar or per-pair ``[B]`` margin :math:`\alpha`. Default 0.2.
+      margin: scalar, per-pair ``[B]`` or per-pairing ``[B, B]`` margin :math:`\alpha` (see
+        ``hinge_costs``). Default 0.2.
       where: optional bool ``[B]``, True for real examples; masked examples are never negatives
         and their own loss is 0. Default: all real.
       margin_of: whose per-pair margin each term uses (see ``hinge_costs``).
@@ -131,7 +150,8 @@ def triplet_sum(
 
     Args:
       sim: ``[B, B]`` image-by-caption similarities; positives on the diagonal.
-      margin: scalar or per-pair ``[B]`` margin :math:`\alpha`. Default 0.2.
+      margin: scalar, per-pair ``[B]`` or per-pairing ``[B, B]`` margin :math:`\alpha` (see
+        ``hinge_costs``). Default 0.2.
       where: optional bool ``[B]``, True for real examples; masked examples are never negatives
         and their own loss is 0. Default: all real.
       margin_of: whose per-pair margin each term uses (see ``hinge_costs``).
@@ -194,13 +214,15 @@ def soft_margin(labels: ArrayLike, margin: float = 0.2, *, kind: str = "exponent
         \hat\alpha = \alpha \frac{\sin(\pi \hat y - \pi / 2) + 1}{2} \;(\text{sin})
 
     Args:
-      labels: ``[B]`` (soft) correspondence labels.
+      labels: ``[B]`` (soft) correspondence labels, or any shape (elementwise; ``[B, B]`` for
+        the official NCR code's clean labels).
       margin: the full margin :math:`\alpha` of a clean pair. Default 0.2.
       kind: ``'exponential'`` (NCR's default, the paper's ``m = 10``), ``'linear'`` or
         ``'sin'`` (the official code's third curve).
 
     Returns:
-      ``[B]`` margins, 0 at :math:`\hat y = 0` and :math:`\alpha` at :math:`\hat y = 1`.
+      margins of the shape of ``labels``, 0 at :math:`\hat y = 0` and :math:`\alpha` at
+      :math:`\hat y = 1`.
 
     References:
       Huang et al., NeurIPS 2021, Eq. 5 and Sec. 3.3 (adaptive margin); PC2 (Duan et al.,

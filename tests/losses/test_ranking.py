@@ -180,6 +180,37 @@ def test_margin_of_pair_b_applies_to_both_directions_of_pair_b_only():
     assert float(jnp.sum(cost_i2t[3] + cost_t2i[3])) > float(jnp.sum(base_i2t[3] + base_t2i[3]))
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_matrix_margin_matches_oracle_and_the_vector_forms(masked):
+    """``margin[i, c]`` serves image ``i`` against caption ``c`` and caption ``c`` against
+    image ``i``; a matrix constant along a row (column) is ``margin_of='image'``
+    (``'caption'``) of that vector."""
+    sim, vector, where = random_case(7, 6, masked)
+    matrix = np.random.default_rng(8).uniform(0.0, 0.5, (6, 6)).astype(np.float32)
+    cost_i2t, cost_t2i = hinge_costs(sim, matrix, where=where)
+    want_i2t, want_t2i = np.zeros((6, 6)), np.zeros((6, 6))
+    for b in range(6):
+        for c in range(6):
+            if b != c and where[b] and where[c]:
+                want_i2t[b, c] = max(0.0, matrix[b, c] + sim[b, c] - sim[b, b])
+                want_t2i[b, c] = max(0.0, matrix[c, b] + sim[c, b] - sim[b, b])
+    np.testing.assert_allclose(cost_i2t, want_i2t, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(cost_t2i, want_t2i, rtol=RTOL, atol=ATOL)
+    by_image, by_caption = np.repeat(vector[:, None], 6, 1), np.repeat(vector[None, :], 6, 0)
+    for kind, margin in (("image", by_image), ("caption", by_caption)):
+        for loss in LOSSES.values():
+            np.testing.assert_allclose(
+                loss(sim, margin, where=where),
+                loss(sim, vector, where=where, margin_of=kind),
+                rtol=0,
+                atol=0,
+            )
+    with pytest.raises(ValueError, match="margin_of"):
+        hinge_costs(sim, matrix, margin_of="image")
+    with pytest.raises(ValueError, match="shape"):
+        hinge_costs(sim, matrix[:5, :5])
+
+
 @pytest.mark.parametrize("reduce", ["sum", "hardest"])
 def test_masked_example_contributes_nothing(reduce):
     sim, margin, _ = random_case(5, 7, masked=False)

@@ -46,8 +46,9 @@ def official_predict(scores, margin=0.2):
 
 
 def official_train_loss(scores, labels, margin=0.2):
-    """Hardest-negative loss with exponential soft margins on ``[B, 1]`` labels (the code)."""
-    soft = margin * (10.0 ** labels[:, None] - 1) / 9
+    """Hardest-negative loss with exponential soft margins on the code's labels: ``[B]`` ones
+    viewed as ``[B, 1]`` (the noisy batch), or the clean batch's ``[B, B]`` broadcast."""
+    soft = margin * (10.0 ** labels.reshape(len(scores), -1) - 1) / 9
     cost_s, cost_im = official_costs(scores, soft)
     return cost_s.max(1).sum() + cost_im.max(0).sum()
 
@@ -105,7 +106,7 @@ def test_clean_and_noisy_updates_match_the_official_step(sims, variant):
         "ncr",
         {
             "margin_of": "image" if code else "positive",
-            "target_prediction": "first" if code else "pair",
+            "target_prediction": "broadcast" if code else "pair",
         },
     )
     batch = {"mask": np.ones(6, bool), "index": np.arange(6)}
@@ -123,8 +124,10 @@ def test_clean_and_noisy_updates_match_the_official_step(sims, variant):
     rows = {"prob": jnp.asarray(w), "divided": jnp.ones(6)}
     outputs = {"sim": jnp.asarray(own)}
     loss, aux = method.loss_fn(outputs, batch, rows, rows, _ctx(ncr.CLEAN_NOISY, 0, prepared))
-    target = w + (1 - w) * (p_own[0] if code else p_own)  # the code's pl[0]
+    target = w + (1 - w) * p_own
     np.testing.assert_allclose(aux["metrics"]["target_clean"], target, atol=1e-5)
+    if code:  # the code's [B, 1] * [B, 1] + [B, 1] * [B]: w_i + (1 - w_i) P_j
+        target = w[:, None] * np.ones((6, 1)) + (1 - w[:, None]) * p_own
     oracle = official_train_loss if code else paper_train_loss
     assert float(loss.sum()) == pytest.approx(oracle(own.astype(np.float64), target), abs=1e-4)
     # Update 1: the noisy batch with the two networks' mean prediction.
