@@ -51,7 +51,10 @@ def run(workdir: str, rate: float, normalise: bool, epochs: int | None):
                 per_epoch.setdefault(row["epoch"], {})["mass"] = row["mass"]
             if row["split"] == "val" and "corrected_accuracy" in row:
                 per_epoch.setdefault(row["epoch"], {}).update(
-                    accuracy=row["corrected_accuracy"], selected=row["selected_fraction"]
+                    accuracy=float("nan")
+                    if row["corrected_accuracy"] is None
+                    else row["corrected_accuracy"],
+                    selected=row["selected_fraction"],
                 )
     return results, per_epoch
 

@@ -45,7 +45,8 @@ which the paper's margins were set; softmax, entropy and argmax only see the tem
 Diagnostics (logs only, against the true mask): the precision and recall of each
 direction's clean split per step (``step_noise_precision_i2t``, ...), the fraction
 selected (``selected_i2t``, ``selected_t2i``), the share of the hinge's positive pull that
-reaches mismatched pairs (``noisy_weight_share``, the paper's noisy gradient ratio), and
+reaches mismatched pairs (``noisy_weight_share``, the paper's noisy gradient ratio: noisy
+pull over total pull, ``null`` in a logging window that pulled nothing), and
 after every epoch the energies of clean and noisy pairs (histograms in
 ``workdir/diagnostics/``, from per-pair memory rows written by the training steps; a
 pair the epoch's last partial batch skipped keeps its previous values).
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 
 import jax
 import jax.numpy as jnp
@@ -67,38 +67,15 @@ import numpy as np
 from ncljax import losses
 from ncljax.labels import srem as selection
 from ncljax.losses import srem as srem_losses
-from ncljax.methods import base
+from ncljax.methods import base, settings
 
 _DIRECTIONS = ("i2t", "t2i")
 _ROWS = ("energy_i2t", "energy_t2i", "clean_i2t", "clean_t2i", "division_fallback")
 CALIBRATIONS = ("data", "paper")
 
 
-def _check(condition: bool, name: str, requirement: str, value) -> None:
-    if not condition:
-        raise ValueError(
-            f"srem {name} must be {requirement}, got {value!r} (method_kwargs.{name})."
-        )
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _validate(kwargs: dict) -> None:
-    """One clear error per bad hyperparameter."""
-    for name in ("tau", "m_clean", "m_noisy", "ms_b", "cosine_shift"):
-        _check(_is_number(kwargs[name]), name, "a finite number", kwargs[name])
-    for name in ("alpha", "lambda1", "lambda2"):
-        _check(_is_number(kwargs[name]) and kwargs[name] >= 0, name, "a number >= 0", kwargs[name])
-    for name in ("ms_beta", "rcl_tau", "cosine_temperature"):
-        _check(_is_number(kwargs[name]) and kwargs[name] > 0, name, "a number > 0", kwargs[name])
-    _check(
-        kwargs["m_clean"] <= kwargs["m_noisy"],
-        "m_clean",
-        f"<= m_noisy={kwargs['m_noisy']} (clean energies are pushed below it, noisy above)",
-        kwargs["m_clean"],
-    )
+    """Refuses the bad hyperparameters, one clause each on one line (``settings.check``)."""
     choices = {
         "cl_reduction": srem_losses.CL_REDUCTIONS,
         "cl_prob": srem_losses.CL_PROBS,
@@ -106,23 +83,21 @@ def _validate(kwargs: dict) -> None:
         "warmup_rectify": srem_losses.RECTIFY,
         "sgw_indicator": selection.SGW_INDICATORS,
         "clean_set": selection.CLEAN_SETS,
+        "calibration": CALIBRATIONS,
     }
-    for name, allowed in choices.items():
-        _check(kwargs[name] in allowed, name, f"one of {allowed}", kwargs[name])
-    _check(
-        kwargs["calibration"] in CALIBRATIONS,
-        "calibration",
-        f"one of {CALIBRATIONS}",
-        kwargs["calibration"],
-    )
-    for name in ("gradient_weighting", "warmup_lambda2"):
-        _check(isinstance(kwargs[name], bool), name, "True or False", kwargs[name])
-    warmup = kwargs["warmup_epochs"]
-    _check(
-        isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0,
-        "warmup_epochs",
-        "an integer >= 0",
-        warmup,
+    spec = {name: settings.one_of(*allowed) for name, allowed in choices.items()}
+    spec |= dict.fromkeys(("tau", "m_clean", "m_noisy", "ms_b", "cosine_shift"), settings.FINITE)
+    spec |= dict.fromkeys(("alpha", "lambda1", "lambda2"), settings.NON_NEGATIVE)
+    spec |= dict.fromkeys(("ms_beta", "rcl_tau", "cosine_temperature"), settings.POSITIVE)
+    spec |= dict.fromkeys(("gradient_weighting", "warmup_lambda2"), settings.BOOLEAN)
+    spec["warmup_epochs"] = settings.NON_NEGATIVE_INT
+    settings.check("srem", kwargs, spec)
+    settings.require(
+        kwargs["m_clean"] <= kwargs["m_noisy"],
+        "srem",
+        "m_clean",
+        f"<= m_noisy={kwargs['m_noisy']} (clean energies are pushed below it, noisy above)",
+        kwargs["m_clean"],
     )
 
 
@@ -409,10 +384,16 @@ def srem(
         reasons = []
         if divides and not any(fractions.values()):
             threshold = "calibrated" if calibrated else tau
+            # The main phase's hinge then pulled no pair: its noisy share is 0 / 0.
+            pulled = (
+                "; nothing was pulled, so its noisy_weight_share is undefined (logged null)"
+                if ctx.epoch - 1 >= warmup_epochs
+                else ""
+            )
             reasons.append(
                 f"selected no clean pair in epoch {ctx.epoch - 1} (tau={threshold}): a main "
-                "batch that selects none trains the warm-up objective (fallback). Raise "
-                "method_kwargs.tau or use method_kwargs.calibration='data'"
+                f"batch that selects none trains the warm-up objective (fallback){pulled}. "
+                "Raise method_kwargs.tau or use method_kwargs.calibration='data'"
             )
         elif divides and batches_fell_back > 0:
             reasons.append(

@@ -6,10 +6,15 @@ mean over clean and over noisy pairs (logged in ``metrics.jsonl``), and histogra
 clean and noisy pairs plus the values of a fixed subset of pairs, saved to
 ``workdir/diagnostics/epoch_XXXX.npz`` for the notebooks. The true mask is read here
 only; nothing flows back into training.
+
+A logged mean over no items (a precision when nothing was selected, the noisy share of a
+pull that pulled nothing, the accuracy of an empty set) is undefined: it is NaN here
+(``null`` in ``metrics.jsonl``), never 0.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -20,6 +25,23 @@ from ncljax.train import state as state_lib
 
 NUM_BINS = 50
 NUM_TRACKED = 256
+
+
+def ratio(total: float, count: float) -> float:
+    """``total / count`` exactly, NaN when ``count`` is 0 (a mean over no items)."""
+    return float(total) / float(count) if count != 0 else math.nan
+
+
+def mean_of_sums(accumulated: dict) -> dict[str, float]:
+    """The logged means of accumulated ``[2]`` ``(sum, count)`` step metrics.
+
+    ``count`` is a number of items or a total weight (``noisy_weight_share``: the noisy
+    part and the total of a loss weight): the mean is ``sum / count`` exactly, also for a
+    total below 1, and NaN where ``count`` is 0. Logged metrics only; the trainer's
+    finiteness check reads the loss and gradients, never these.
+    """
+    host = jax.device_get(accumulated)
+    return {k: ratio(*np.asarray(v, np.float64)) for k, v in host.items()}
 
 
 def tracked_pairs(clean: np.ndarray, num: int = NUM_TRACKED) -> np.ndarray:
@@ -73,7 +95,8 @@ def score_diagnostics(method, state, clean: np.ndarray, workdir: str, epoch: int
 
 
 def label_diagnostics(method, state, pairs) -> dict[str, float]:
-    """Accuracy of the method's corrected labels on the pairs it trusts (true labels known)."""
+    """Accuracy of the method's corrected labels on the pairs it trusts (true labels known;
+    NaN when it trusts none)."""
     true = pairs.true_labels
     if method.label_estimate_fn is None or (true < 0).any():
         return {}
@@ -81,7 +104,7 @@ def label_diagnostics(method, state, pairs) -> dict[str, float]:
     labels, selected = np.asarray(labels), np.asarray(selected, bool)
     observed = np.concatenate([pairs.labels_image == true, pairs.labels_text == true])
     return {
-        "corrected_accuracy": float((labels == true)[selected].mean()) if selected.any() else 0.0,
+        "corrected_accuracy": ratio((labels == true)[selected].sum(), selected.sum()),
         "selected_fraction": float(selected.mean()),
         "observed_accuracy": float(observed.mean()),
     }

@@ -13,6 +13,7 @@ epoch's passes, so a run killed anywhere resumes to the same result.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -34,7 +35,12 @@ from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train.diagnostics import label_diagnostics, noise_diagnostics, score_diagnostics
+from ncljax.train.diagnostics import (
+    label_diagnostics,
+    mean_of_sums,
+    noise_diagnostics,
+    score_diagnostics,
+)
 from ncljax.train.refresh import Refresher
 
 Callback = Callable[[int, dict], None]
@@ -232,6 +238,9 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             tqdm.tqdm.write(f"epoch {epoch}: val " + _summary(val, config.eval.kind))
             if plan.restart_best:
                 meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
+            if plan.selectable:
+                _warn_if_tied(val[selection], meta, epoch, selection)
+            # Strictly better: a tie keeps the earlier epoch (see _warn_if_tied).
             if plan.selectable and val[selection] > meta["best_value"]:
                 meta = {
                     **meta,
@@ -393,8 +402,29 @@ def _pass_lengths(epoch_passes) -> dict[str, float]:
 
 
 def _mean(accumulated: dict) -> dict[str, float]:
-    host = jax.device_get(accumulated)
-    return {k: float(v[0] / max(v[1], 1.0)) for k, v in host.items()}
+    return mean_of_sums(jax.device_get(accumulated))  # NaN (logged null) over no item
+
+
+def _warn_if_tied(value: float, meta: dict, epoch: int, selection: str) -> None:
+    """Logs a warning when epoch ``epoch``'s validation score equals the best so far.
+
+    Selection keeps the earliest of tied epochs, as the official NCR/SCAN code does
+    (``is_best = rsum > best_rsum``) and as ``argmax`` over the logged scores reads: a later
+    epoch replaces the best only by scoring strictly higher. A tie is exact equality, which
+    for these expected values means the score did not tell the two models apart (a
+    saturated metric, a degenerate validation split): the selection is then arbitrary, and
+    the warning says so.
+    """
+    if meta["best_epoch"] >= 0 and value == meta["best_value"]:
+        logging.warning(
+            "epoch %d: validation %s=%.6g ties the best epoch %d, which stays selected (ties "
+            "keep the earlier epoch); the score does not tell these models apart: check that "
+            "the validation split is large enough and the metric not saturated.",
+            epoch,
+            selection,
+            value,
+            meta["best_epoch"],
+        )
 
 
 def _check_finite(state, checkpointer) -> None:

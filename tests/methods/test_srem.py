@@ -241,7 +241,7 @@ def test_srem_beats_the_baselines_and_its_selection_sharpens(tmp_path, rate):
     rows = read_metrics(tmp_path / "srem")
     precision = {}
     for r in rows:
-        if r["split"] == "train" and "step_noise_precision_i2t" in r:
+        if r["split"] == "train" and r.get("step_noise_precision_i2t") is not None:
             precision.setdefault(r["epoch"], []).append(r["step_noise_precision_i2t"])
     warmup = load_config("srem", "synthetic").method_kwargs.warmup_epochs
     curve = [np.mean(precision[e]) for e in sorted(precision) if e >= warmup]

@@ -302,7 +302,7 @@ def test_ugncl_beats_the_baselines_and_its_clean_set_is_precise(tmp_path, rate):
     assert scores["ugncl"]["rsum"] > scores["vse"]["rsum"] + 100, scores
     precision = {}
     for r in read_metrics(tmp_path / "ugncl"):
-        if r["split"] == "train" and "step_noise_precision_clean" in r:
+        if r["split"] == "train" and r.get("step_noise_precision_clean") is not None:
             precision.setdefault(r["epoch"], []).append(r["step_noise_precision_clean"])
     curve = [float(np.mean(precision[e])) for e in sorted(precision)]
     print("determined-clean precision per training epoch:", np.round(curve, 3).tolist())

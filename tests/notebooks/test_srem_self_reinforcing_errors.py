@@ -68,9 +68,10 @@ def _expected_from_logs(workdir) -> dict[int, dict]:
         for d in DIRECTIONS:
             selected = row[f"selected_{d}"] * steps
             acc[f"sel_{d}"] = acc.get(f"sel_{d}", 0.0) + selected
-            acc[f"hit_{d}"] = acc.get(f"hit_{d}", 0.0) + row[f"step_noise_precision_{d}"] * selected
+            precision = row[f"step_noise_precision_{d}"]  # null where nothing was selected
+            acc[f"hit_{d}"] = acc.get(f"hit_{d}", 0.0) + (precision * selected if selected else 0.0)
             pulled += selected
-        if "noisy_weight_share" in row:
+        if row.get("noisy_weight_share") is not None:  # null: nothing pulled
             acc["share"] += row["noisy_weight_share"] * pulled
             acc["pulled"] += pulled
     return {

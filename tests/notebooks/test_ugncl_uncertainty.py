@@ -80,7 +80,8 @@ def _expected_from_logs(workdir, batch_size: int, num_clean: int) -> dict[int, d
         acc = sums.setdefault(row["epoch"], {"selected": 0.0, "hits": 0.0})
         selected = row["set_clean"] * pairs
         acc["selected"] += selected
-        acc["hits"] += row["step_noise_precision_clean"] * selected
+        if selected:  # the precision is null over no selected pair
+            acc["hits"] += row["step_noise_precision_clean"] * selected
     return {
         epoch: {"P_C": acc["hits"] / acc["selected"], "R_C": acc["hits"] / num_clean}
         for epoch, acc in sums.items()
