@@ -66,6 +66,6 @@ def get_config(arg: str = "synthetic"):
         config.optim.decay_factor, config.optim.decay_every = 0.1, decay_every
     if "quick" in options:
         presets.quick(config)
-        if dataset == "synthetic":  # a warm-up epoch, then a main one
-            config.method_kwargs.warmup_epochs = 1
+        # Synthetic: a warm-up epoch, then a main one; real data: no warm-up in its one epoch.
+        config.method_kwargs.warmup_epochs = int(dataset == "synthetic")
     return config

@@ -48,7 +48,8 @@ def build_method(name: str, kwargs: Mapping | None = None, model_config=None) ->
     ``model_config`` (the run's ``model`` section) reaches the factories that take it.
 
     Raises:
-      ValueError: for an unknown method or a hyperparameter the method does not take.
+      ValueError: for an unknown method, a hyperparameter the method does not take, or
+        values out of their range (``ncljax.methods.settings``; one line naming each).
     """
     if name not in REGISTRY:
         raise ValueError(

@@ -3,7 +3,10 @@
 A factory (``ncljax.methods.REGISTRY``) builds a ``Method`` from its hyperparameters
 (``config.method_kwargs``); a factory that declares a ``model_config`` parameter also
 receives the run's ``model`` config section (what the head returns decides, e.g., how
-UGNCL turns similarities into evidence), which is not a hyperparameter.
+UGNCL turns similarities into evidence), which is not a hyperparameter. A factory first
+checks every hyperparameter it takes against its range (``ncljax.methods.settings.check``:
+one line naming the argument, its value, its range and its ``--config.method_kwargs``
+flag) and builds nothing from a value it refuses.
 
 A method never touches parameters, optimisers, data loading or devices; the trainer
 (``ncljax.train``) composes its functions into one jitted ``train_step`` and runs each

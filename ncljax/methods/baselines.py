@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ncljax import losses
-from ncljax.methods import base
+from ncljax.methods import base, settings
 
 
 def vse(*, margin: float = 0.2, negatives: str = "hardest", num_networks: int = 1) -> base.Method:
@@ -22,9 +22,16 @@ def vse(*, margin: float = 0.2, negatives: str = "hardest", num_networks: int = 
       negatives: ``'hardest'`` (Faghri et al. 2018, Eq. 5) or ``'sum'`` over the batch.
       num_networks: 1, or 2 to train two networks side by side.
     """
+    settings.check(
+        "vse",
+        locals(),
+        {
+            "margin": settings.NON_NEGATIVE,
+            "negatives": settings.one_of("hardest", "sum"),
+            "num_networks": settings.NUM_NETWORKS,
+        },
+    )
     triplet = {"hardest": losses.triplet_hardest, "sum": losses.triplet_sum}
-    if negatives not in triplet:
-        raise ValueError(f"vse negatives must be one of {list(triplet)}, got {negatives!r}.")
     triplet_fn = triplet[negatives]
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
@@ -43,6 +50,11 @@ def infonce(*, temperature: float = 0.07, num_networks: int = 1) -> base.Method:
       temperature: softmax temperature applied to the similarities.
       num_networks: 1, or 2 to train two networks side by side.
     """
+    settings.check(
+        "infonce",
+        locals(),
+        {"temperature": settings.POSITIVE, "num_networks": settings.NUM_NETWORKS},
+    )
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         del rows, peer_rows, ctx
@@ -66,6 +78,7 @@ def ce(*, num_networks: int = 1) -> base.Method:
     Args:
       num_networks: 1, or 2 to train two networks side by side.
     """
+    settings.check("ce", locals(), {"num_networks": settings.NUM_NETWORKS})
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         del rows, peer_rows, ctx

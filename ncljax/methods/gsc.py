@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from ncljax import labels as labels_lib
 from ncljax import losses
 from ncljax.labels import gmm as gmm_lib
-from ncljax.methods import base
+from ncljax.methods import base, settings
 from ncljax.models import heads
 
 _WARMUP, _MAIN = base.WARMUP, base.MAIN
@@ -128,21 +128,30 @@ def gsc(
     min-max normalised scores, both in ``[0, 1]``), weights rather than a cut, and the
     temperatures are the losses' hyperparameters; it has no ``calibration`` switch.
     """
-    if warmup_loss not in ("unit_labels", "infonce_i2t"):
-        raise ValueError(
-            f"gsc warmup_loss must be 'unit_labels' or 'infonce_i2t', got {warmup_loss!r}."
-        )
-    if num_networks not in (1, 2):
-        raise ValueError(f"gsc num_networks must be 1 or 2, got {num_networks}.")
-    if not 0.0 <= division_min_weight < 0.5 or division_min_separation < 0:
-        raise ValueError(
-            "gsc needs 0 <= division_min_weight < 0.5 and division_min_separation >= 0, got "
-            f"{division_min_weight} and {division_min_separation}."
-        )
-    if text_structure not in ("attention", "aligned"):
-        raise ValueError(
-            f"gsc text_structure must be 'attention' or 'aligned', got {text_structure!r}."
-        )
+    settings.check(
+        "gsc",
+        locals(),
+        {
+            "cross_temperature": settings.POSITIVE,
+            "intra_temperature": settings.POSITIVE,
+            "intra_weight": settings.NON_NEGATIVE,
+            # The weight of the new estimate: 1 is the "w/o temporal ensembling" ablation.
+            "cross_momentum": settings.UNIT_INTERVAL,
+            "intra_momentum": settings.UNIT_INTERVAL,
+            "intra_row_weight": settings.BOOLEAN,
+            "warmup_epochs": settings.NON_NEGATIVE_INT,
+            "warmup_loss": settings.one_of("unit_labels", "infonce_i2t"),
+            "exchange_labels": settings.BOOLEAN,
+            "recompute_global": settings.BOOLEAN,
+            "text_structure": settings.one_of("attention", "aligned"),
+            "gmm_max_iter": settings.POSITIVE_INT,
+            "gmm_tol": settings.NON_NEGATIVE,
+            "gmm_reg_covar": settings.NON_NEGATIVE,
+            "num_networks": settings.NUM_NETWORKS,
+            "division_min_weight": settings.DIVISION_MIN_WEIGHT,
+            "division_min_separation": settings.NON_NEGATIVE,
+        },
+    )
     objective = functools.partial(
         losses.gsc_loss,
         cross_temperature=cross_temperature,

@@ -31,8 +31,11 @@ over global feature vectors: NCR reads only the ``[B, B]`` similarity of a batch
 
 Where the official code (``XLearning-SCU/2021-NeurIPS-NCR``) differs from the paper, the
 paper is the default and the code a switch: ``margin_of='image'`` (the code's ``[B, 1]``
-margins index the t2i term by the negative image) and ``target_prediction='first'`` (the
-code's clean targets use ``pl[0]``, the first pair's prediction, for the whole batch).
+noisy-batch margins index the t2i term by the negative image) and
+``target_prediction='broadcast'`` (the code's clean targets broadcast ``[B, 1]``
+probabilities against the ``[B]`` predictions into a ``[B, B]`` matrix, ``w_i + (1 - w_i)
+P_j``, whose entry ``(i, j)`` sets the margin of both hinge terms pairing image ``i`` with
+caption ``j``; ``ncljax.labels.ncr.rectified_label_matrix``).
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ import numpy as np
 from ncljax import labels as labels_lib
 from ncljax import losses
 from ncljax.labels import gmm as gmm_lib
-from ncljax.methods import base
+from ncljax.labels import ncr as ncr_labels
+from ncljax.methods import base, settings
 
 WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
 CLEAN_NOISY = base.MAIN + 1  # co-training with both updates
 _MARGINS = ("exponential", "linear", "sin")
+TARGET_PREDICTIONS = ("pair", "broadcast")  # the clean targets: Eq. 6, the code's B x B
 
 
 def ncr(
@@ -88,7 +93,10 @@ def ncr(
         paper's Eq. 5) or ``'image'`` (the official code: the t2i term of caption ``b``
         against image ``i`` uses image ``i``'s margin).
       target_prediction: ``'pair'`` (each clean pair's own prediction ``P_b``, Eq. 6) or
-        ``'first'`` (the official code's ``pl[0]``: the batch's first prediction for all).
+        ``'broadcast'`` (the official code: the ``[B, B]`` labels ``w_i + (1 - w_i) P_j``,
+        image ``i``'s probability with caption ``j``'s prediction, one soft margin per
+        image-caption pairing in both directions; ``margin_of`` then applies to the noisy
+        batch only).
       loss_reduction: ``'sum'`` over the batch (the official code; with clipping at 2.0
         this is not the same as a mean) or ``'mean'``.
       num_networks: 2 (NCR), or 1: a single network trained on its own division.
@@ -112,23 +120,29 @@ def ncr(
     tenth, and ``margin`` is the hinge loss's hyperparameter; it has no ``calibration``
     switch.
     """
-    if soft_margin not in _MARGINS:
-        raise ValueError(f"ncr soft_margin must be one of {_MARGINS}, got {soft_margin!r}.")
-    if margin_of not in ("positive", "image"):
-        raise ValueError(f"ncr margin_of must be 'positive' or 'image', got {margin_of!r}.")
-    if target_prediction not in ("pair", "first"):
-        raise ValueError(
-            f"ncr target_prediction must be 'pair' or 'first', got {target_prediction!r}."
-        )
-    if num_networks not in (1, 2):
-        raise ValueError(f"ncr num_networks must be 1 or 2, got {num_networks}.")
-    if warmup_epochs < 0 or noisy_start_epoch < 0:
-        raise ValueError("ncr warmup_epochs and noisy_start_epoch must be >= 0.")
-    if not 0.0 <= division_min_weight < 0.5 or division_min_separation < 0:
-        raise ValueError(
-            "ncr needs 0 <= division_min_weight < 0.5 and division_min_separation >= 0, got "
-            f"{division_min_weight} and {division_min_separation}."
-        )
+    settings.check(
+        "ncr",
+        locals(),
+        {
+            "margin": settings.NON_NEGATIVE,
+            "soft_margin": settings.one_of(*_MARGINS),
+            "warmup_epochs": settings.NON_NEGATIVE_INT,
+            "noisy_start_epoch": settings.NON_NEGATIVE_INT,
+            "threshold": settings.UNIT_INTERVAL,  # a split of GMM posteriors
+            "gmm_max_iter": settings.POSITIVE_INT,
+            "gmm_tol": settings.NON_NEGATIVE,
+            "gmm_reg_covar": settings.NON_NEGATIVE,
+            "margin_of": settings.one_of("positive", "image"),
+            "target_prediction": settings.noted(
+                settings.one_of(*TARGET_PREDICTIONS),
+                "'broadcast' is the official code's B x B labels and replaces 'first'",
+            ),
+            "loss_reduction": settings.LOSS_REDUCTIONS,
+            "num_networks": settings.NUM_NETWORKS,
+            "division_min_weight": settings.DIVISION_MIN_WEIGHT,
+            "division_min_separation": settings.NON_NEGATIVE,
+        },
+    )
     predict = functools.partial(labels_lib.correspondence_prediction, margin=margin)
     divide = functools.partial(
         labels_lib.loss_division,
@@ -188,18 +202,24 @@ def ncr(
             return losses.triplet_mean(sim, margin, where=mask), {}
         if ctx.update == 0:  # the peer's clean set, co-rectified
             undivided = peer_rows["divided"] < 0.5  # the peer has no division yet: fallback
-            own = ctx.prepared["clean"]
-            if target_prediction == "first":
-                own = jnp.broadcast_to(own[0], own.shape)
-            targets = labels_lib.rectified_labels(peer_rows["prob"], own)
+            own, prob = ctx.prepared["clean"], peer_rows["prob"]
+            if target_prediction == "broadcast":
+                targets = ncr_labels.rectified_label_matrix(prob, own)  # [B, B]
+            else:
+                targets = labels_lib.rectified_labels(prob, own)
             name = "clean"
         else:  # the peer's noisy set, co-rectified by both networks
             targets = ctx.prepared["noisy"]
             name = "noisy"
         margins = losses.soft_margin(targets, margin, kind=soft_margin)
-        loss = losses.triplet_hardest(sim, margins, where=mask, margin_of=margin_of)
+        matrix = margins.ndim == 2  # a margin per pairing: margin_of does not apply
+        loss = losses.triplet_hardest(
+            sim, margins, where=mask, margin_of="positive" if matrix else margin_of
+        )
         if ctx.update == 0:
             loss = jnp.where(undivided, losses.triplet_mean(sim, margin, where=mask), loss)
+        if matrix:  # the logs score each pair's own entry (Eq. 6's target and margin)
+            targets, margins = jnp.diagonal(targets), jnp.diagonal(margins)
         aux = {
             "metrics": {f"target_{name}": targets, f"loss_{name}": loss},
             "clean_estimates": {name: targets},

@@ -76,7 +76,7 @@ from ncljax import losses
 from ncljax.labels import gmm as gmm_lib
 from ncljax.labels import pc2 as pc2_labels
 from ncljax.losses.pseudo import ENTROPY_MODES
-from ncljax.methods import base, ncr
+from ncljax.methods import base, ncr, settings
 
 WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
 CLEAN_PSEUDO = base.MAIN + 1  # co-training with the clean and the pseudo-caption updates
@@ -193,49 +193,41 @@ def pc2(
     for the epoch (``w_o = 0``). Each is logged with "fallback" and reported
     (``division_fallback``, ``osc_division_fallback``).
     """
-    if bank_mode not in BANK_MODES:
-        raise ValueError(f"pc2 bank_mode must be one of {BANK_MODES}, got {bank_mode!r}.")
-    if margin_indexing not in ("paper", "code"):
-        raise ValueError(f"pc2 margin_indexing must be 'paper' or 'code', got {margin_indexing!r}.")
-    if rectify_indicator not in ("paper", "code"):
-        raise ValueError(
-            f"pc2 rectify_indicator must be 'paper' or 'code', got {rectify_indicator!r}."
-        )
-    if entropy_mode not in ENTROPY_MODES:
-        raise ValueError(f"pc2 entropy_mode must be one of {ENTROPY_MODES}, got {entropy_mode!r}.")
-    if warmup_epochs < 0 or pseudo_start_epoch < 0:
-        raise ValueError("pc2 warmup_epochs and pseudo_start_epoch must be >= 0.")
-    if num_classes < 2 or classifier_hidden < 1:
-        raise ValueError(
-            f"pc2 needs num_classes >= 2 and classifier_hidden >= 1, got {num_classes} "
-            f"and {classifier_hidden}."
-        )
-    if min(noisy_weight, entropy_weight, classification_weight) < 0:
-        raise ValueError("pc2 noisy_weight, entropy_weight and classification_weight must be >= 0.")
-    if pseudo_caption_assignment not in PSEUDO_ASSIGNMENTS:
-        raise ValueError(
-            f"pc2 pseudo_caption_assignment must be one of {PSEUDO_ASSIGNMENTS}, got "
-            f"{pseudo_caption_assignment!r}."
-        )
-    if classification_start_epoch < 0:
-        raise ValueError("pc2 classification_start_epoch must be >= 0.")
-    if calibration not in ("data", "paper"):
-        raise ValueError(f"pc2 calibration must be 'data' or 'paper', got {calibration!r}.")
-    if not 0.0 <= division_min_weight < 0.5 or division_min_separation < 0:
-        raise ValueError(
-            "pc2 needs 0 <= division_min_weight < 0.5 and division_min_separation >= 0, got "
-            f"{division_min_weight} and {division_min_separation}."
-        )
-    if noisy_margin_cutoff is not None and not 0.0 <= noisy_margin_cutoff <= 1.0:
-        raise ValueError(
-            f"pc2 noisy_margin_cutoff must be in [0, 1] or None, got {noisy_margin_cutoff}."
-        )
+    hyperparameters = {k: v for k, v in locals().items() if k != "model_config"}
+    settings.check(
+        "pc2",
+        hyperparameters,
+        {
+            "margin": settings.NON_NEGATIVE,
+            "warmup_epochs": settings.NON_NEGATIVE_INT,
+            "pseudo_start_epoch": settings.NON_NEGATIVE_INT,
+            "threshold": settings.UNIT_INTERVAL,  # a split of GMM posteriors
+            "num_classes": settings.int_at_least(2),
+            "classifier_hidden": settings.POSITIVE_INT,
+            "classification_weight": settings.NON_NEGATIVE,
+            "classification_start_epoch": settings.NON_NEGATIVE_INT,
+            "entropy_weight": settings.NON_NEGATIVE,
+            "entropy_mode": settings.one_of(*ENTROPY_MODES),
+            "noisy_weight": settings.NON_NEGATIVE,  # 0: the paper's Table 7 variant
+            "bank_mode": settings.one_of(*BANK_MODES),
+            "margin_indexing": settings.one_of("paper", "code"),
+            "noisy_margin_cutoff": settings.optional(settings.UNIT_INTERVAL, "no cutoff"),
+            "detach_noisy_margin": settings.BOOLEAN,
+            "rectify_indicator": settings.one_of("paper", "code"),
+            "warmup_selection": settings.BOOLEAN,
+            "classifier_input": settings.one_of("auto", "sequences", "embeddings"),
+            "center_targets": settings.BOOLEAN,
+            "pseudo_caption_assignment": settings.one_of(*PSEUDO_ASSIGNMENTS),
+            "gmm_max_iter": settings.POSITIVE_INT,
+            "gmm_tol": settings.NON_NEGATIVE,
+            "gmm_reg_covar": settings.NON_NEGATIVE,
+            "loss_reduction": settings.LOSS_REDUCTIONS,
+            "calibration": settings.one_of("data", "paper"),
+            "division_min_weight": settings.DIVISION_MIN_WEIGHT,
+            "division_min_separation": settings.NON_NEGATIVE,
+        },
+    )
     head_kind = None if model_config is None else model_config.head
-    if classifier_input not in ("auto", "sequences", "embeddings"):
-        raise ValueError(
-            "pc2 classifier_input must be 'auto', 'sequences' or 'embeddings', got "
-            f"{classifier_input!r}."
-        )
     if classifier_input == "auto":
         sequences = head_kind in _SGRAF
     else:

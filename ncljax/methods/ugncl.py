@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 
 import jax
 import jax.numpy as jnp
@@ -91,51 +90,15 @@ import numpy as np
 from ncljax import evidence, losses
 from ncljax.labels import ugncl as division
 from ncljax.losses import evidential
-from ncljax.methods import base
+from ncljax.methods import base, settings
 
 CADENCES = ("epoch", "online")
 CALIBRATIONS = ("data", "paper")
 VIEW_FUSIONS = ("auto", *division.VIEW_FUSIONS)
 
 
-def _check(condition: bool, name: str, requirement: str, value) -> None:
-    if not condition:
-        raise ValueError(
-            f"ugncl {name} must be {requirement}, got {value!r} (method_kwargs.{name})."
-        )
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _validate(kwargs: dict) -> None:
-    """One clear error per bad hyperparameter."""
-    for name in ("tau", "sharpness", "cosine_temperature"):
-        _check(_is_number(kwargs[name]) and kwargs[name] > 0, name, "a number > 0", kwargs[name])
-    for name in ("xi1", "xi2", "gamma", "delta"):
-        _check(_is_number(kwargs[name]) and kwargs[name] >= 0, name, "a number >= 0", kwargs[name])
-    curve = kwargs["curve"]
-    _check(_is_number(curve) and curve > 1, "curve", "a number > 1", curve)
-    for name in ("threshold", "epsilon"):
-        _check(_is_number(kwargs[name]) and 0 <= kwargs[name] <= 1, name, "in [0, 1]", kwargs[name])
-    shift = kwargs["cosine_shift"]
-    _check(_is_number(shift), "cosine_shift", "a finite number", shift)
-    for name in ("warmup_epochs",):
-        _check(_is_int(kwargs[name]) and kwargs[name] >= 0, name, "an integer >= 0", kwargs[name])
-    for name in ("lambda_start", "theta"):
-        _check(_is_int(kwargs[name]) and kwargs[name] >= 1, name, "an integer >= 1", kwargs[name])
-    max_log = kwargs["max_log_evidence"]
-    _check(
-        max_log is None or (_is_number(max_log) and max_log > 0),
-        "max_log_evidence",
-        "None (no clip) or a number > 0",
-        max_log,
-    )
+    """Refuses the bad hyperparameters, one clause each on one line (``settings.check``)."""
     choices = {
         "evidence_fn": evidence.EVIDENCE_FNS,
         "division_mode": division.DIVISION_MODES,
@@ -146,8 +109,18 @@ def _validate(kwargs: dict) -> None:
         "edl_view_aggregation": evidential.EDL_VIEW_AGGREGATIONS,
         "calibration": CALIBRATIONS,
     }
-    for name, allowed in choices.items():
-        _check(kwargs[name] in allowed, name, f"one of {allowed}", kwargs[name])
+    spec = {name: settings.one_of(*allowed) for name, allowed in choices.items()}
+    spec |= dict.fromkeys(("tau", "sharpness", "cosine_temperature"), settings.POSITIVE)
+    spec |= dict.fromkeys(("xi1", "xi2", "gamma", "delta"), settings.NON_NEGATIVE)
+    spec |= dict.fromkeys(("threshold", "epsilon"), settings.UNIT_INTERVAL)
+    spec |= dict.fromkeys(("lambda_start", "theta"), settings.POSITIVE_INT)
+    spec |= {
+        "curve": settings.greater_than(1),
+        "cosine_shift": settings.FINITE,
+        "warmup_epochs": settings.NON_NEGATIVE_INT,
+        "max_log_evidence": settings.optional(settings.POSITIVE, "no clip"),
+    }
+    settings.check("ugncl", kwargs, spec)
 
 
 def _check_model(model_config) -> None:
@@ -264,8 +237,7 @@ def ugncl(
       model_config: the run's ``model`` config section (given by the trainer, not a
         hyperparameter): the head decides what ``R`` is at evaluation.
     """
-    kwargs = dict(locals())
-    _validate(kwargs)
+    _validate({k: v for k, v in locals().items() if k != "model_config"})
     _check_model(model_config)
     cosine = model_config is not None and model_config.head == "cosine"
     if cosine and xi1 > 0:

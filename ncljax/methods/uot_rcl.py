@@ -34,10 +34,11 @@ import numpy as np
 
 from ncljax import losses
 from ncljax.labels import correction, ot
-from ncljax.methods import base
+from ncljax.methods import base, settings
 from ncljax.methods.baselines import ce as _ce
 
 _WARMUP, _MAIN = base.WARMUP, base.MAIN
+_MASS = settings.interval(0, 1, low_open=True)  # a transported fraction; 1: balanced OT
 
 
 def uot_rcl(
@@ -108,12 +109,36 @@ def uot_rcl(
       knn_chunk: query rows per chunk of the neighbour search (memory ``chunk x N``).
       num_networks: 1 (UOT-RCL trains one network).
     """
-    if confident not in ("jsd", "random"):
-        raise ValueError(f"uot_rcl confident must be 'jsd' or 'random', got {confident!r}.")
-    if anchors not in ("current", "snapshot"):
-        raise ValueError(f"uot_rcl anchors must be 'current' or 'snapshot', got {anchors!r}.")
-    if class_marginal not in ("uniform", "empirical"):
-        raise ValueError("uot_rcl class_marginal must be 'uniform' or 'empirical'.")
+    settings.check(
+        "uot_rcl",
+        locals(),
+        {
+            "warmup_epochs": settings.NON_NEGATIVE_INT,
+            "momentum": settings.UNIT_INTERVAL,  # Fig. 4 sweeps 0 to 1
+            "relation_weight": settings.NON_NEGATIVE,
+            "neighbours": settings.POSITIVE_INT,
+            "per_class": settings.POSITIVE_INT,
+            "mass_start": _MASS,
+            "mass_end": _MASS,
+            "label_epsilon": settings.POSITIVE,
+            "label_corner": settings.NON_NEGATIVE,  # 0: the paper's matrix
+            "label_threshold": settings.POSITIVE,
+            "label_max_iterations": settings.POSITIVE_INT,
+            "class_marginal": settings.one_of("uniform", "empirical"),
+            "relation_epsilon": settings.POSITIVE,
+            "relation_threshold": settings.POSITIVE,
+            "relation_max_iterations": settings.POSITIVE_INT,
+            "relation_temperature": settings.POSITIVE,
+            "relation_sign": settings.one_of(1.0, -1.0),
+            "match_temperature": settings.POSITIVE,
+            "confident": settings.one_of("jsd", "random"),
+            "anchors": settings.one_of("current", "snapshot"),
+            "exclude_self": settings.BOOLEAN,
+            "vote_normalise": settings.BOOLEAN,
+            "knn_chunk": settings.POSITIVE_INT,
+            "num_networks": settings.NUM_NETWORKS,
+        },
+    )
     warmup_loss = _ce().loss_fn
 
     def init_memory(ctx: base.InitContext) -> base.Memory:

@@ -1,0 +1,169 @@
+"""Declarative range checks of a method's hyperparameters (``config.method_kwargs``).
+
+Every factory of ``ncljax.methods.REGISTRY`` checks every argument it takes before it
+builds anything, with one table that maps each argument to a :class:`Rule`::
+
+    settings.check("vse", locals(), {
+        "margin": settings.NON_NEGATIVE,
+        "negatives": settings.one_of("hardest", "sum"),
+        "num_networks": settings.NUM_NETWORKS,
+    })
+
+A bad value is refused with one line that names the argument, its value, what it must
+be and the flag that sets it::
+
+    vse margin must be a number >= 0, got -1.0 (--config.method_kwargs.margin=...).
+
+Numbers must be finite (NaN and infinities are refused), integers must be integers (not
+a ``bool``, not a float such as ``2.0``), and flags must be ``True`` or ``False``.
+Constraints between arguments (SREM's ``m_clean <= m_noisy``) use :func:`require`,
+which words its message the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+
+class Rule(NamedTuple):
+    """What an argument accepts: ``accepts(value) -> bool`` and the phrase that says it
+    (completing "``<method> <name>`` must be ...")."""
+
+    accepts: Callable[[Any], bool]
+    phrase: str
+
+
+def is_number(value) -> bool:
+    """A finite real number (an ``int`` or a float; not a ``bool``)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def is_int(value) -> bool:
+    """An integer (not a ``bool``, not a float with an integral value)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def interval(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Rule:
+    """A finite number between ``low`` and ``high`` (each end included unless open)."""
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+
+    def accepts(value) -> bool:
+        if not is_number(value):
+            return False
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        return above and below
+
+    return Rule(accepts, f"in {left}{low!r}, {high!r}{right}")
+
+
+def greater_than(bound: float) -> Rule:
+    """A finite number ``> bound``."""
+    return Rule(lambda v: is_number(v) and v > bound, f"a number > {bound!r}")
+
+
+def at_least(bound: float) -> Rule:
+    """A finite number ``>= bound``."""
+    return Rule(lambda v: is_number(v) and v >= bound, f"a number >= {bound!r}")
+
+
+def int_at_least(bound: int) -> Rule:
+    """An integer ``>= bound``."""
+    return Rule(lambda v: is_int(v) and v >= bound, f"an integer >= {bound}")
+
+
+def one_of(*choices) -> Rule:
+    """One of ``choices``, of the same kind: a ``bool`` never stands in for 1 or 0, nor a
+    float for an integer choice (an integer may stand in for a float choice)."""
+
+    def accepts(value) -> bool:
+        return any(_same_kind(value, c) and value == c for c in choices)
+
+    return Rule(accepts, f"one of {tuple(choices)}")
+
+
+def _kind(value) -> type:
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, numbers.Integral):
+        return int
+    if isinstance(value, numbers.Real):
+        return float
+    return type(value)
+
+
+def _same_kind(value, choice) -> bool:
+    kind, wanted = _kind(value), _kind(choice)
+    return kind is wanted or (wanted is float and kind is int)
+
+
+def optional(rule: Rule, meaning: str) -> Rule:
+    """``None`` (which means ``meaning``) or what ``rule`` accepts."""
+    return Rule(lambda v: v is None or rule.accepts(v), f"None ({meaning}) or {rule.phrase}")
+
+
+def noted(rule: Rule, note: str) -> Rule:
+    """``rule`` with ``note`` after its phrase (e.g. which choice replaced an old one)."""
+    return Rule(rule.accepts, f"{rule.phrase} ({note})")
+
+
+FINITE = Rule(is_number, "a finite number")
+POSITIVE = greater_than(0)
+NON_NEGATIVE = at_least(0)
+UNIT_INTERVAL = interval(0, 1)
+BOOLEAN = Rule(lambda v: isinstance(v, bool), "True or False")
+NON_NEGATIVE_INT = int_at_least(0)
+POSITIVE_INT = int_at_least(1)
+NUM_NETWORKS = one_of(1, 2)
+LOSS_REDUCTIONS = one_of("sum", "mean")
+# The degeneracy checks of a GMM division (ncljax.labels.gmm.check_division).
+DIVISION_MIN_WEIGHT = interval(0, 0.5, high_open=True)
+
+
+def _problem(method: str, name: str, requirement: str, value) -> str:
+    return (
+        f"{method} {name} must be {requirement}, got {value!r} (--config.method_kwargs.{name}=...)"
+    )
+
+
+def check(method: str, kwargs: Mapping[str, Any], spec: Mapping[str, Rule]) -> None:
+    """Refuses the hyperparameters ``kwargs`` of ``method`` that ``spec`` does not accept.
+
+    Args:
+      method: the method's registry name (the first word of each message).
+      kwargs: every hyperparameter of the factory, e.g. its ``locals()`` on entry.
+      spec: a rule for each of them, and for nothing else.
+
+    Raises:
+      ValueError: one line with a clause per bad argument, each naming the argument, its
+        value, what it must be and the ``--config.method_kwargs`` flag that sets it.
+      TypeError: where ``spec`` and ``kwargs`` do not name the same arguments (a factory
+        that forgot to declare a rule).
+    """
+    if set(spec) != set(kwargs):
+        raise TypeError(
+            f"{method}: the settings spec does not match the factory's arguments "
+            f"(no rule for {sorted(set(kwargs) - set(spec))}, "
+            f"rules for unknown {sorted(set(spec) - set(kwargs))})."
+        )
+    problems = [
+        _problem(method, name, rule.phrase, kwargs[name])
+        for name, rule in spec.items()
+        if not rule.accepts(kwargs[name])
+    ]
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+
+
+def require(ok: bool, method: str, name: str, requirement: str, value) -> None:
+    """Refuses ``method``'s argument ``name`` (= ``value``) unless ``ok``, in the words of
+    :func:`check` (for constraints between arguments)."""
+    if not ok:
+        raise ValueError(_problem(method, name, requirement, value) + ".")
