@@ -6,7 +6,8 @@ r"""Trains a method on a benchmark, resumably, and evaluates the best model on t
 
 The workdir (default ``runs/<config name>``) receives config.json, metrics.jsonl,
 results.json and checkpoints/; rerunning the same command resumes from the latest
-checkpoint.
+checkpoint (after Ctrl-C, which exits with code 130, too). A bad setting, file or fault is
+reported in one line; ``-v 1`` shows the whole traceback.
 """
 
 import os
@@ -15,8 +16,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from ncljax.train import checkpoint, presets, train_and_evaluate
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate
 from ncljax.train.checkpoint import CheckpointError
 from ncljax.train.rundir import WorkdirLocked
 
@@ -28,9 +29,18 @@ flags.mark_flag_as_required("config")
 
 
 def parse_flags(argv):
-    """absl flag parsing, with one clear line for a config override naming no field."""
+    """absl flag parsing, with one clear line for a config override naming no field and
+    for a config file that refuses its argument (``configs/vse.py:synthetci``)."""
     try:
-        return app.parse_flags_with_usage(argv)
+        return flags.FLAGS(argv)
+    except flags.Error as e:  # parsing again would define the override flags twice
+        refusal = _config_file_refusal(e)
+        if refusal is None or _verbose(argv):  # absl's report: the whole message
+            refusal = (
+                f"FATAL Flags parsing error: {e}\n"
+                "Pass --helpshort or --helpfull to see help on flags."
+            )
+        sys.exit(refusal)
     except (AttributeError, KeyError) as e:  # raised by ml_collections for unknown fields
         hint = str(e).strip("'\"").replace("\\n", " ").replace("\\'", "'")
         overrides = [a for a in argv[1:] if a.startswith("--config.")]
@@ -38,14 +48,34 @@ def parse_flags(argv):
         if names and any(a.startswith("--config.data.") for a in overrides if "name=" not in a):
             sys.exit(
                 f"Unknown config field in {overrides}: {hint}. The data fields of the config "
-                f"file's dataset apply before data.name={names[-1]} is switched; pass the "
-                f"dataset as the config file's argument instead: "
-                f"--config=configs/<method>.py:{names[-1]} (its fields are then known)."
+                f"file's dataset apply before data.name={names[-1]} is switched; "
+                f"{_dataset_hint(argv, names[-1])} (its fields are then known)."
             )
         sys.exit(
             f"Unknown config field in {overrides}: {hint}. All fields and their defaults "
             "are listed in ncljax/train/config.py."
         )
+
+
+def _config_file_refusal(error: flags.Error) -> str | None:
+    """The message of the ``ValueError`` a config file's ``get_config`` raised while
+    ``--config`` was parsed (an unknown dataset or option), or None for another error.
+
+    ml_collections puts that error's whole traceback into a new ``ValueError``, which
+    absl wraps in its own error: the original is two links down the chain.
+    """
+    wrapped = error.__context__
+    original = getattr(wrapped, "__context__", None)
+    if not str(error).startswith("flag --config=") or not isinstance(wrapped, ValueError):
+        return None
+    return f"{type(original).__name__}: {original}" if isinstance(original, ValueError) else None
+
+
+def _verbose(argv) -> bool:
+    """``-v``/``--verbosity`` on the command line (read before the flags are parsed)."""
+    return any(
+        a == "-v" or a.startswith(("-v=", "--v=", "--verbosity", "-verbosity")) for a in argv
+    )
 
 
 def main(argv):
@@ -70,6 +100,12 @@ def main(argv):
         if "data.name" in overrides:
             _switch_dataset(config, path, arg, overrides)
         train_and_evaluate(config, workdir, overridden=set(overrides))
+    except KeyboardInterrupt:  # Ctrl-C: the checkpoints are closed, the resume is exact
+        if flags.FLAGS.verbosity > 0:
+            raise
+        checkpoint.mute_background_errors()  # an interrupted save's threads end quietly
+        print("Interrupted; run the same command to resume.", file=sys.stderr)
+        sys.exit(130)
     except (
         OSError,  # an unwritable or full workdir, a missing dataset file
         ValueError,  # a bad config field, malformed data
@@ -80,6 +116,17 @@ def main(argv):
         if flags.FLAGS.verbosity > 0:  # -v 1: the whole traceback
             raise
         sys.exit(f"{type(e).__name__}: {e}")
+
+
+def _dataset_hint(argv: list[str], dataset: str) -> str:
+    """How to train on ``dataset`` with the ``--config=`` file of ``argv``, suggesting only
+    arguments that work (``presets.dataset_hint``)."""
+    paths = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")]
+    path = paths[-1].split(":", 1)[0] if paths else ""
+    try:
+        return presets.dataset_hint(path, dataset)
+    except (OSError, ValueError):  # no such file, or one without DATASETS
+        return f"pass the dataset as a config file's argument: --config=<file>.py:{dataset}"
 
 
 def _switch_dataset(config, path: str, arg: str, overrides: dict) -> None:
@@ -94,14 +141,13 @@ def _switch_dataset(config, path: str, arg: str, overrides: dict) -> None:
     logging.warning(
         "data.name=%s replaces the config file's dataset %s: the data section now holds "
         "%s's defaults, every other setting (model, optimiser, noise, method) is the file's "
-        "for %s. %s:%s applies the file's own settings for %s, if it lists that dataset.",
+        "for %s. To use a config file's own settings for %s: %s.",
         config.data.name,
         file_dataset,
         config.data.name,
         file_dataset,
-        path,
         config.data.name,
-        config.data.name,
+        _dataset_hint(["", f"--config={path}"], config.data.name),
     )
 
 

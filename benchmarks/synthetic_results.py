@@ -70,7 +70,7 @@ def main():
     print("| run | noise | test rSum | i2t R@1 | t2i R@1 | best epoch | noise AUC | wall |")
     print("|---|---|---|---|---|---|---|---|")
     for run, rate, r, wall in rows:
-        auc = f"{r['noise_auc']:.3f}" if "noise_auc" in r else "-"
+        auc = f"{r['noise_auc']:.3f}" if r.get("noise_auc") is not None else "-"
         print(
             f"| {run} | {rate} | {r['rsum']:.1f} | {r['i2t_r1']:.1f} | {r['t2i_r1']:.1f} | "
             f"{r['best_epoch']} | {auc} | {wall} |"

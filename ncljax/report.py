@@ -4,7 +4,7 @@ r"""Robustness report: methods x worlds x noise rates x seeds, as resumable runs
   python -m ncljax.report --out=reports/robustness --methods=vse,infonce,ncr \
       --worlds=small_global,blurred --rates=0,0.4,0.6 --seeds=0,1,2 --jobs=2
   python -m ncljax.report --out=reports/labels --family=labels      # CE and UOT-RCL, mAP
-  python -m ncljax.report --out=/tmp/smoke --quick --set=train.epochs=1  # a smoke sweep
+  python -m ncljax.report --out=/tmp/smoke --quick      # a smoke sweep
   python -m ncljax.report --out=reports/robustness --aggregate_only     # tables only
 
 Every run is ``python train.py --config=configs/<method>.py:synthetic,world=<world>`` (the
@@ -271,7 +271,8 @@ def _print_outcome(o: Outcome, head: str, out: str, metric: str) -> None:
         print(f"{head}: finished before, skipped", flush=True)
     elif o.returncode == 0:
         value = _read_json(os.path.join(o.run.workdir(out), "results.json"))[metric]
-        print(f"{head}: {metric}={value:.4g} ({o.wall_s:.0f} s)", flush=True)
+        shown = f"{value:.4g}" if _finite(value) is not None else value
+        print(f"{head}: {metric}={shown} ({o.wall_s:.0f} s)", flush=True)
     else:
         print(
             f"{head}: FAILED (exit {o.returncode}, {o.wall_s:.0f} s), log {o.log}: "
@@ -337,6 +338,10 @@ def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
         results = _read_json(results_path)
         if metric not in results:
             raise ValueError(f"{results_path} has no {metric!r}: not a run of family {family}.")
+        if _finite(results[metric]) is None:  # null (undefined) or non-finite: a failed run
+            log = os.path.join(workdir, "log.txt")
+            failed.append({**key, "log": log, "last_line": f"{metric} is {results[metric]}"})
+            continue
         finished.append(
             {
                 **key,

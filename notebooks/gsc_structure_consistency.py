@@ -66,7 +66,7 @@ print(
 results_path = os.path.join(WORKDIR, "results.json")
 if os.path.exists(results_path):
     with open(results_path) as f:
-        print("test:", {k: round(v, 4) for k, v in json.load(f).items()})
+        print("test:", {k: v if v is None else round(v, 4) for k, v in json.load(f).items()})
 
 # %% [markdown]
 # ## 1. Label trajectories of clean and noisy pairs

@@ -102,6 +102,15 @@ def _muted() -> Iterator[None]:
             logger.setLevel(level)
 
 
+def mute_background_errors() -> None:
+    """Mutes, for the rest of the process, what orbax's unfinished background work prints
+    when it fails at exit. For a process about to end after an interrupt: a save it cut
+    short left only a temporary directory, which the next run removes."""
+    sys.unraisablehook = threading.excepthook = lambda *args: None
+    for name in ("asyncio", "absl"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def _settle(manager=None) -> None:
     """Lets the failed operation's stragglers end (inside ``_muted``)."""
     if manager is not None:
@@ -123,6 +132,19 @@ def _attempt(restore: Callable[[], dict]) -> tuple[dict | None, str | None]:
             reason = _reason(e)
         _settle()  # the exception, and the failed reads its traceback holds, are gone now
         return None, reason
+
+
+def _await_cleanup(manager) -> None:
+    """Waits for the removal of an interrupted save's temporary directories.
+
+    orbax starts it in a thread when the manager is created and waits for it only in its
+    first ``save``; ``close`` does not. A process that stops before saving (an error, a
+    restore-only use such as ``ncljax.train.ensemble``, Ctrl-C) would end with that thread
+    still listing the directory, and its failure at interpreter exit prints a traceback.
+    """
+    wait = getattr(manager, "_maybe_await_cleanup_tmp_directory", None)  # private in orbax
+    if wait is not None:
+        wait()
 
 
 def _check_meta(meta) -> None:
@@ -159,6 +181,8 @@ class Checkpointer:
                 ),
                 item_handlers={"state": handlers["state"], "meta": handlers["meta"]},
             )
+            for manager in (self._latest, self._best):
+                _await_cleanup(manager)
         except OSError as e:
             raise CheckpointError(
                 f"Cannot open the checkpoint directory {directory} ({_reason(e)}); make it "

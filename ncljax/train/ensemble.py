@@ -7,13 +7,16 @@ restored, both splits' images and captions are encoded by every network of every
 and Recall@K/rSum (or mAP) is computed on the runs' similarity matrices combined by their
 methods' ``eval_pool`` (the mean for every method but UGNCL), in the same bounded-memory
 blocks as a single run. The runs must share the dataset, its evaluation protocol and the
-pool; they may differ in anything else (head, method, seed).
+pool; they may differ in anything else (head, method, seed). The command reports a run
+that is missing, unfinished or damaged, or runs that cannot be pooled, in one line
+(``-v 1``: the whole traceback).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 
 import jax
@@ -23,7 +26,7 @@ import optax
 from ncljax import methods, models
 from ncljax.data import sources
 from ncljax.methods import InitContext
-from ncljax.train import checkpoint
+from ncljax.train import checkpoint, rundir
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -32,17 +35,40 @@ _SHARED = ("data", "eval")  # sections every member of an ensemble must agree on
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-    """The resolved config a run saved in ``workdir/config.json``."""
+    """The resolved config a run saved in ``workdir/config.json``.
+
+    Raises:
+      FileNotFoundError: ``workdir`` holds no run.
+      ValueError: its ``config.json`` is damaged or not an ncljax run's.
+    """
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: {workdir} is not a finished ncljax run.")
     with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        try:
+            resolved = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path} is damaged ({e}); restore it from a copy.") from None
+    needed = ("method", "method_kwargs", "model", "seed", "train", *_SHARED)
+    missing = [k for k in needed if k not in resolved] if isinstance(resolved, dict) else needed
+    if missing:
+        raise ValueError(f"{path} is not the config of an ncljax run (it lacks {list(missing)}).")
+    return ml_collections.ConfigDict(resolved)
 
 
 def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.TrainState]:
-    """The evaluator of a finished run and its best-on-validation model."""
+    """The evaluator of a finished run and its best-on-validation model.
+
+    Raises:
+      FileNotFoundError: ``workdir`` holds no run, or one that has not finished.
+      checkpoint.CheckpointError: its best checkpoint cannot be restored.
+    """
     config = load_config(workdir)
+    if not os.path.exists(os.path.join(workdir, "results.json")):
+        raise FileNotFoundError(
+            f"{workdir} has not finished training (no results.json); run its train.py "
+            "command again to finish it, then ensemble it."
+        )
     dataset = sources.load_dataset(config.data)
     method = methods.build_method(config.method, config.method_kwargs, config.model)
     graphdef, state = state_lib.create(
@@ -56,10 +82,16 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
     )
     state = mesh_lib.replicate(state, mesh)
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-    best = checkpointer.restore_best(state)
-    checkpointer.close()
+    try:
+        best = checkpointer.restore_best(state)
+    finally:  # also when it cannot be restored: no orbax thread outlives the error
+        checkpointer.close()
     if best is None:
-        raise FileNotFoundError(f"{workdir} has no best checkpoint; train it first.")
+        raise FileNotFoundError(
+            f"{workdir} finished but has no best checkpoint in "
+            f"{os.path.join(workdir, 'checkpoints', 'best')}; restore it from a copy, or train "
+            "the run again in a new --workdir."
+        )
     evaluator = evaluator_lib.Evaluator(
         graphdef,
         dataset,
@@ -77,8 +109,12 @@ def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str,
 
     Raises:
       ValueError: when the runs do not share the dataset and evaluation settings, or
-        their methods pool similarities differently.
+        their methods pool similarities differently, or ``split`` is not a split.
+      FileNotFoundError: a run is missing or has not finished.
+      checkpoint.CheckpointError: a run's best checkpoint cannot be restored.
     """
+    if split not in sources.SPLITS:
+        raise ValueError(f"Unknown split {split!r}; use one of {sources.SPLITS}.")
     configs = [load_config(w) for w in workdirs]
     for section in _SHARED:
         first = configs[0][section].to_dict()
@@ -88,6 +124,12 @@ def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str,
                     f"{workdir} and {workdirs[0]} differ in config section {section!r}; "
                     "an ensemble needs the same dataset and evaluation protocol."
                 )
+    pools = [methods.build_method(c.method, c.method_kwargs, c.model).eval_pool for c in configs]
+    if len(set(pools)) > 1:  # refused before anything is encoded
+        raise ValueError(
+            f"The runs combine similarities differently ({', '.join(map(repr, pools))} for "
+            f"{list(workdirs)}); an ensemble needs one rule (Method.eval_pool)."
+        )
     mesh = mesh_lib.make_mesh(configs[0].train.num_devices)
     with jax.set_mesh(mesh):
         encoded = []
@@ -98,11 +140,26 @@ def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str,
 
 
 def main(argv):
-    del argv
-    from absl import flags
+    from absl import app, flags
+    from absl import logging as absl_logging
 
-    results = evaluate_ensemble(flags.FLAGS.workdir, flags.FLAGS.split)
-    print(json.dumps(results, indent=2, sort_keys=True))
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
+    try:
+        results = evaluate_ensemble(flags.FLAGS.workdir, flags.FLAGS.split)
+    except (OSError, ValueError, checkpoint.CheckpointError) as e:
+        if flags.FLAGS.verbosity > 0:  # -v 1: the whole traceback
+            raise
+        sys.exit(f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt:
+        if flags.FLAGS.verbosity > 0:
+            raise
+        checkpoint.mute_background_errors()
+        print("Interrupted.", file=sys.stderr)
+        sys.exit(130)
+    print(json.dumps(rundir.finite_json(results), indent=2, sort_keys=True, allow_nan=False))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 
@@ -42,13 +43,12 @@ def write_config(workdir: str, config, extra: dict) -> None:
 
     Only the ``RESUMABLE`` fields may differ from the run being resumed.
     """
-    resolved = json.loads(config.to_json_best_effort())
-    resolved.update(extra)
+    resolved = finite_json({**json.loads(config.to_json_best_effort()), **extra})
     path = os.path.join(workdir, "config.json")
     if os.path.exists(path):
         try:
             with open(path) as f:
-                previous = traverse_util.flatten_dict(json.load(f), sep=".")
+                previous = traverse_util.flatten_dict(finite_json(json.load(f)), sep=".")
         except (ValueError, AttributeError) as e:  # not JSON, or not an object
             raise ValueError(
                 f"{path} is damaged ({type(e).__name__}: {e}); it records the config of the run "
@@ -74,13 +74,28 @@ def write_config(workdir: str, config, extra: dict) -> None:
             raise unwritable(workdir, e) from None
 
 
+def finite_json(value):
+    """``value`` with every NaN or infinite float (in nested dicts, lists and tuples)
+    replaced by ``None``, so it is written as ``null``: ``NaN`` and ``Infinity`` are not
+    JSON, and strict parsers refuse them. A metric that is undefined (a precision when
+    nothing was flagged) reads as missing."""
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def atomic_write_json(path: str, value) -> None:
-    """Writes ``value`` as JSON to ``path`` through a temporary file and a rename, so a
-    crash or a full disk never leaves a half-written file."""
+    """Writes ``value`` as strict JSON (non-finite floats as ``null``, ``finite_json``) to
+    ``path`` through a temporary file and a rename, so a crash or a full disk never leaves
+    a half-written file."""
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(value, f, indent=2, sort_keys=True)
+            json.dump(finite_json(value), f, indent=2, sort_keys=True, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

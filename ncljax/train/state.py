@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -48,6 +49,25 @@ def stack(trees: list[PyTree]) -> PyTree:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def check_num_networks(num_networks) -> None:
+    """Refuses a network count that is not a positive integer (one clear line, before
+    anything is built; ``range(0)`` would otherwise surface as a ``jax.tree.map`` error).
+
+    Raises:
+      ValueError: naming ``method_kwargs.num_networks``, its value and what it must be.
+    """
+    if isinstance(num_networks, bool) or not isinstance(num_networks, numbers.Integral):
+        raise ValueError(
+            f"method_kwargs.num_networks={num_networks!r} must be an integer: 1 (one network) "
+            "or 2 (two networks trained side by side)."
+        )
+    if num_networks < 1:
+        raise ValueError(
+            f"method_kwargs.num_networks={num_networks} must be at least 1: 1 (one network) "
+            "or 2 (two networks trained side by side)."
+        )
+
+
 def init_networks(
     model_fn: Callable[[nnx.Rngs], nnx.Module], num_networks: int, key: jax.Array
 ) -> tuple[nnx.GraphDef, PyTree, PyTree]:
@@ -57,6 +77,7 @@ def init_networks(
       ``(graphdef, params, model_state)`` with pure-dict states whose leaves are
       ``[num_networks, ...]``.
     """
+    check_num_networks(num_networks)
     graphdef, params, rest = None, [], []
     for k in range(num_networks):
         seed = jax.random.randint(jax.random.fold_in(key, k), (), 0, 2**31 - 1)

@@ -13,14 +13,19 @@ from ncljax.train import rundir
 
 
 def _clean(value):
+    """A metric as a JSON number, or ``None`` (``null``) when it is undefined (None, NaN)
+    or infinite."""
+    if value is None:
+        return None
     value = float(value)
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None
 
 
 class MetricWriter:
     """Appends one JSON object per line to ``workdir/metrics.jsonl``.
 
     Each line has ``step``, ``epoch``, ``split`` and metric names; only process 0 writes.
+    Lines are strict JSON: an undefined (NaN) or infinite metric is written as ``null``.
     """
 
     def __init__(self, workdir: str):
@@ -41,7 +46,7 @@ class MetricWriter:
             return
         row = {"step": int(step), "epoch": int(epoch), "split": split}
         row.update({k: _clean(v) for k, v in metrics.items()})
-        line = json.dumps(row) + "\n"
+        line = json.dumps(row, allow_nan=False) + "\n"
         try:
             if split == "test":  # replaced only now that the new result exists
                 rows = [text for row, text in self._read() if row["split"] != "test"]

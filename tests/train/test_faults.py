@@ -1,15 +1,18 @@
 """Faults a run must survive: a locked workdir, damaged checkpoints and logs, a full disk,
 an unwritable workdir, invalid settings, a collapsed model."""
 
+import asyncio
 import errno
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -155,6 +158,93 @@ def test_partial_last_metrics_line_is_dropped_with_a_warning(runs, tmp_path, cap
     assert resumed == pytest.approx(straight, abs=1e-9)
     _same_rows(read_metrics(workdir), read_metrics(root / "straight"))
     assert "partly written" in caplog.text
+
+
+def _train_py_args(config, workdir):
+    """``train.py``'s command line for ``_config()`` as the ``runs`` fixture changes it."""
+    return [
+        os.path.join(ROOT, "train.py"),
+        "--config=" + os.path.join(ROOT, "configs", "vse.py") + ":synthetic",
+        *(
+            f"--config.{field}={config[section][name]}"
+            for field in (
+                "data.num_train",
+                "data.num_val",
+                "data.num_test",
+                "train.epochs",
+                "train.batch_size",
+                "train.log_every_steps",
+                "train.progress_bar",
+                "eval.batch_size",
+                "model.embed_dim",
+                "model.word_dim",
+                "model.text_dropout",
+                "data.length_buckets",
+            )
+            for section, name in [field.split(".")]
+        ),
+        f"--workdir={workdir}",
+    ]
+
+
+def test_ctrl_c_is_one_line_and_the_same_command_resumes(runs, tmp_path):
+    """SIGINT after the first checkpoint: one line, exit code 130, the lock and the
+    checkpoints closed; the same command then finishes with the uninterrupted run's results."""
+    config, _, root = runs
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, *_train_py_args(config, workdir)]
+    # A child inherits an ignored SIGINT (tests started in the background) but not a
+    # handled one: with a handler here it starts with the default, Python's KeyboardInterrupt.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        child = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    try:
+        deadline = time.monotonic() + 300
+        while not os.path.isdir(workdir / "checkpoints" / "latest" / "10"):
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)  # in epoch 1, or in a save at its end
+        _, stderr = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, stderr[-3000:]
+    assert stderr.strip() == "Interrupted; run the same command to resume."
+    assert not os.path.exists(workdir / "results.json")
+    with open(workdir / "config.json") as f, open(root / "straight" / "config.json") as g:
+        assert json.load(f) == json.load(g)  # the command line is the fixture's config
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "Resumed from step" in rerun.stdout
+    assert _results(workdir) == pytest.approx(_results(root / "straight"), abs=1e-9)
+    _same_rows(read_metrics(workdir), read_metrics(root / "straight"))
+
+
+def test_opening_the_checkpoints_waits_for_orbax_to_remove_a_cut_short_save(tmp_path, monkeypatch):
+    """orbax removes an interrupted save's temporary directories in a thread that its
+    ``close`` does not wait for: a process that ends soon after opening its checkpoints
+    (an error, ``ncljax.train.ensemble``, Ctrl-C) printed that thread's traceback at exit.
+    A slow removal (0.5 s) is done when the ``Checkpointer`` is open."""
+    from orbax.checkpoint._src.path import temporary_paths
+
+    remove = temporary_paths.cleanup_temporary_paths
+
+    async def slow_remove(*args, **kwargs):
+        await asyncio.sleep(0.5)
+        return await remove(*args, **kwargs)
+
+    monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_remove)
+    for manager in ("latest", "best"):
+        os.makedirs(tmp_path / manager / "20.orbax-checkpoint-tmp")
+    checkpointer = checkpoint.Checkpointer(str(tmp_path))
+    try:
+        assert os.listdir(tmp_path / "latest") == os.listdir(tmp_path / "best") == []
+    finally:
+        checkpointer.close()
 
 
 def test_kill_between_best_and_latest_save_keeps_the_runs_own_best(tmp_path, monkeypatch):
