@@ -50,6 +50,7 @@ from ncljax import backend
 
 SimFn = Callable[[Any, Any], jax.Array]
 RECALL_KS = (1, 5, 10)
+COCO_FOLD_IMAGES = 1000  # images per fold of the COCO 1K protocol
 # Similarities closer than TIE_ATOL + TIE_RTOL * max(|s|, |g|) to a ground-truth value g are ties.
 # Measured on CPU (float32): the ground-truth kernel ([1, cpi] blocks) and the sweep ([ci, ct]
 # blocks) give values of one cosine pair up to ~1.1e-7 apart in absolute terms, up to 1.5e-4
@@ -222,6 +223,32 @@ def _check_retrieval_inputs(images: Any, texts: Any, captions_per_image: int) ->
             f"k // captions_per_image), got {num_texts}"
         )
     return num_images, num_texts
+
+
+def recall_min_images(captions_per_image: int, ks: tuple[int, ...] = RECALL_KS) -> int:
+    r"""The fewest images a split needs for every Recall@K of ``ks`` to depend on the model.
+
+    A query's rank is below :math:`K` by construction when it has fewer than :math:`K`
+    wrong candidates. A text->image query ranks the split's :math:`n` images (one right,
+    :math:`n - 1` wrong); an image->text query ranks its :math:`n \cdot \mathrm{cpi}`
+    captions (:math:`\mathrm{cpi}` right, :math:`(n - 1)\,\mathrm{cpi}` wrong). Both need at
+    least :math:`K_{\max}` wrong candidates:
+
+    .. math::
+
+        n \ge \max(K_{\max} + 1,\ \lceil K_{\max} / \mathrm{cpi} \rceil + 1) = K_{\max} + 1,
+
+    i.e. 11 images for R@10 whatever ``cpi``: with 10 or fewer, text->image R@10 is 100.
+
+    Args:
+      captions_per_image: ``cpi >= 1``.
+      ks: the cutoffs reported (default ``RECALL_KS``).
+
+    Returns:
+      The minimum number of images.
+    """
+    k = max(ks)
+    return max(k + 1, -(-k // captions_per_image) + 1)
 
 
 def _ground_truth(
@@ -565,7 +592,7 @@ def coco_5fold_metrics(
     texts: Any,
     *,
     captions_per_image: int = 5,
-    fold_images: int = 1000,
+    fold_images: int = COCO_FOLD_IMAGES,
     **chunks: Any,
 ) -> dict[str, float]:
     """COCO 1K protocol: :func:`retrieval_metrics` on each fold, averaged over the folds.

@@ -13,7 +13,7 @@ from ncljax import methods
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_inria, write_mrl
-from tests.data.test_precomp import write_release
+from tests.data.test_precomp import TRAINABLE_SIZES, write_release
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -66,7 +66,7 @@ def test_config_arguments_are_checked():
 
 def _write_fixture(tmp_path, dataset):
     if dataset in ("f30k", "coco", "cc152k", "now"):
-        write_release(str(tmp_path / "manual"), dataset)
+        write_release(str(tmp_path / "manual"), dataset, sizes=TRAINABLE_SIZES)
     elif dataset == "inria":
         write_inria(tmp_path)
     elif dataset != "synthetic":
@@ -77,7 +77,7 @@ def _shrink(config, tmp_path):
     """The config's own choices at toy sizes: one epoch, small models and splits."""
     d, m = config.data, config.model
     if d.name == "synthetic":
-        d.num_train, d.num_val, d.num_test = 16, 8, 8
+        d.num_train, d.num_val, d.num_test = 16, 11, 11
     else:
         d.manual_dir, d.data_dir = str(tmp_path / "manual"), str(tmp_path / "prepared")
     if "val_images" in d:

@@ -233,6 +233,23 @@ def test_ranks_match_brute_force(image_chunk, text_chunk):
     assert 0.0 < got["i2t_r1"] < 100.0 and 0.0 < got["t2i_r1"] < 100.0  # non-trivial data
 
 
+@pytest.mark.parametrize("cpi", [1, 2, 5])
+@pytest.mark.parametrize("ks", [(1, 5, 10), (1, 5), (1,)])
+def test_recall_min_images_is_the_first_size_where_every_recall_can_miss(cpi, ks):
+    """Oracle: the adversarial ranking (every ground truth below every negative) through the
+    brute-force SCAN ranks; below the minimum some R@K is 100 even then."""
+
+    def can_miss(num_images):
+        sim = 1.0 + np.random.default_rng(num_images).random((num_images, num_images * cpi))
+        sim[np.arange(num_images * cpi) // cpi, np.arange(num_images * cpi)] = 0.0
+        out = brute_force_metrics(sim, cpi)
+        return all(out[f"{d}_r{k}"] < 100 for d in ("i2t", "t2i") for k in ks)
+
+    first = next(n for n in range(1, 30) if can_miss(n))
+    assert all(can_miss(n) for n in range(first, first + 5))
+    assert evaluate.recall_min_images(cpi, ks) == first
+
+
 def test_pytree_blocks_with_region_max_similarity():
     rng = np.random.default_rng(1)
     num_images, cpi, dim = 11, 3, 8

@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from ncljax.data import layouts_labelled, layouts_precomp, prepared
+from ncljax.data import vocab as vocab_lib
 from ncljax.data.sources import SPLITS
 
 # ---------------------------------------------------------------- precomp benchmarks
@@ -127,10 +128,16 @@ class PrecompBuilder(prepared.Builder, skip_registration=True):
         captions, vocab = layouts_precomp.encode_captions(
             release, files, num_images, self._vocab_threshold
         )
+        unknown = {s: vocab_lib.count_unknown(caps, vocab) for s, caps in captions.items()}
+        # Every word <unk>: refused before anything is written (more than a few: a warning
+        # each time the data is opened, ncljax.data.precomp).
+        vocab_lib.check_unknown(unknown, files.vocab or vocab.source, warn=False)
         self.info.metadata.update(
             vocab_size=vocab.size,
             vocab=dict(vocab.word2idx),
             vocab_source=vocab.source,
+            vocab_file=files.vocab or "",
+            unknown_words={s: list(counts) for s, counts in unknown.items()},
             vocab_threshold=0 if files.vocab else self._vocab_threshold,
             tokenizer=config.tokenizer,
             max_length={s: max(len(c) for c in caps) for s, caps in captions.items()},

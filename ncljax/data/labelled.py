@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ncljax.data import builders, prepared, sources
+from ncljax.data import builders, layouts_labelled, prepared, sources
 from ncljax.data.layouts_labelled import RELEASES, missing_file
 
 BUILDERS = builders.LABELLED
@@ -44,6 +44,20 @@ def default_config(name: str):
             valid_len=release.valid_len,
         )
     )
+
+
+def size_hint(cfg, split: str, needed: int) -> str:
+    """What sizes ``split`` (see ``sources.size_hint``): ``data.valid_len`` for a carved
+    validation split, otherwise the rows of the released file."""
+    carved = cfg.split_rule in layouts_labelled.SPLIT_RULES
+    if split == "val" and carved:
+        return f"set data.valid_len (now {cfg.valid_len}) to at least {needed}"
+    if split == "test" and cfg.split_rule == "test_head":
+        return (
+            f"the test split is the file's test rows after the first data.valid_len="
+            f"{cfg.valid_len} (the validation rows): lower data.valid_len"
+        )
+    return f"the {split} split is the released file's {split} rows; use the full file"
 
 
 def builder(cfg) -> builders.LabelledBuilder:
@@ -182,7 +196,14 @@ def load(cfg) -> LabelledDataset:
         if not os.path.isfile(path):
             raise missing_file(path, RELEASES[cfg.name])
     data_sources = prepared.prepare(tfds_builder, manual)
-    return LabelledDataset(cfg.name, data_sources, tfds_builder.info.metadata)
+    metadata = tfds_builder.info.metadata
+    if int(metadata["num_classes"]) < 2:  # prepared before single-class files were refused
+        raise ValueError(
+            f"The prepared {cfg.name} in {tfds_builder.data_dir} holds a single class; "
+            "category retrieval (mAP) and label noise need at least 2. Delete it and prepare "
+            "the released file again."
+        )
+    return LabelledDataset(cfg.name, data_sources, metadata)
 
 
 for _name in RELEASES:

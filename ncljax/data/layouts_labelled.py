@@ -28,7 +28,8 @@ Labels. Released labels may be 1-based. MRL subtracts each label array's own min
 here the minimum over all splits and both modalities is subtracted (the same for
 already 0-based files; robust to a split that lacks class 0), recorded as
 ``metadata['label_offset']``. The number of classes is one more than the largest shifted
-label. INRIA's labels are shifted the same way (MRL leaves them as they are).
+label; a file of a single class is refused. INRIA's labels are shifted the same way (MRL
+leaves them as they are).
 
 A split whose image features, or whose text features, are all zero (a placeholder file)
 is refused; single all-zero rows are kept.
@@ -445,6 +446,13 @@ def plan(path: str, kind: str, *, split_rule: str, valid_len: int, float16: bool
         }
     offset = int(min(v.min() for v in labels.values()))
     num_classes = int(max(v.max() for v in labels.values())) - offset + 1
+    if num_classes < 2:
+        fields = sorted(parts[prefix].fields[role] for prefix, role in labels)
+        raise ValueError(
+            f"{path}: every label ({', '.join(fields)}) is class {offset}: the file holds a "
+            "single class, and category retrieval (mAP) and label noise need at least 2; "
+            "check that these fields hold the class ids, or use the released file."
+        )
     rows, rule = _split_rows(path, kind, parts, split_rule, valid_len)
     splits, origin = {}, {}
     for split, (part, start, stop) in rows.items():

@@ -11,6 +11,10 @@ Nothing is silently truncated: ``data.max_length`` is the padded caption length 
 the longest caption) and a shorter positive value is an error. Validation uses the
 first ``data.val_images`` images of ``dev`` and their captions (NCR: 1000 images for
 Flickr30K and MS-COCO).
+
+A wrong vocabulary does not go unnoticed: a split whose caption words are all ``<unk>`` is
+refused when prepared, and one where more than ``vocab.UNK_WARNING_FRACTION`` (5%) of
+them are is warned about, naming the vocabulary file, each time the data is opened.
 """
 
 from __future__ import annotations
@@ -178,6 +182,18 @@ def _num_images(cfg, split: str, prepared_images: int) -> int:
     return cfg.val_images
 
 
+def size_hint(cfg, split: str, needed: int) -> str:
+    """What sizes ``split`` (see ``sources.size_hint``): ``data.val_images`` for validation,
+    otherwise the released files."""
+    if split == "val" and cfg.val_images:
+        return f"set data.val_images (now {cfg.val_images}) to at least {needed} (0: all of dev)"
+    images = "all the dev images" if split == "val" else "the test images"
+    return (
+        f"the {split} split is {images} of the release in data.manual_dir "
+        f"({cfg.manual_dir or 'the default'}); put the full release there"
+    )
+
+
 class PrecompDataset:
     """A prepared precomp benchmark; implements ``sources.Dataset``.
 
@@ -192,6 +208,9 @@ class PrecompDataset:
         release = RELEASES[cfg.name]
         image_sources, caption_sources, _, caption_meta = prepare(cfg)
         self._caption_meta = caption_meta
+        if "unknown_words" in caption_meta:  # recorded since the <unk> check
+            source = caption_meta.get("vocab_file") or caption_meta["vocab_source"]
+            vocab_lib.check_unknown(dict(caption_meta["unknown_words"]), source)
         max_length = _resolve_max_length(cfg, caption_meta, release.name)
         cpi = release.captions_per_image
         self._splits = {

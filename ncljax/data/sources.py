@@ -124,6 +124,19 @@ def default_config(name: str):
     return module.default_config() if name == "synthetic" else module.default_config(name)
 
 
+def size_hint(data_config, split: str, needed: int) -> str:
+    """What to change so that ``split`` of dataset ``data_config.name`` holds at least
+    ``needed`` images: the config field that sets its size (e.g. ``'set data.num_val to at
+    least 11'``), or the files it comes from. A dataset module may define
+    ``size_hint(data_config, split, needed)``; otherwise the hint is generic."""
+    name = data_config.name
+    if name in _MODULES:
+        hint = getattr(importlib.import_module(_MODULES[name]), "size_hint", None)
+        if hint is not None:
+            return hint(data_config, split, needed)
+    return f"give dataset {name!r} a {split} split of at least {needed} images"
+
+
 def load_dataset(data_config) -> Dataset:
     """Builds the dataset named ``data_config.name``.
 

@@ -226,7 +226,27 @@ class SyntheticDataset:
         return self._splits[name]
 
 
+_SIZE_FIELDS = {"train": "num_train", "val": "num_val", "test": "num_test"}
+
+
+def size_hint(cfg, split: str, needed: int) -> str:
+    """The field that sizes ``split`` (see ``sources.size_hint``)."""
+    field = _SIZE_FIELDS[split]
+    return f"set data.{field} (now {cfg[field]}) to at least {needed}"
+
+
 def _validate(cfg) -> None:
+    if cfg.captions_per_image < 1:
+        raise ValueError(
+            f"data.captions_per_image must be at least 1, got {cfg.captions_per_image}: "
+            "every image needs a caption (1 for category retrieval, 5 as in Flickr30K/COCO)."
+        )
+    if cfg.num_classes < 2:
+        raise ValueError(
+            f"data.num_classes must be at least 2, got {cfg.num_classes}: the classes are the "
+            "labels of category retrieval (mAP), label noise and the classifier, and each "
+            "class draws its images' concepts; with one class every label is the same."
+        )
     if cfg.concepts_per_image > cfg.num_regions:
         raise ValueError(
             f"data.concepts_per_image={cfg.concepts_per_image} exceeds "

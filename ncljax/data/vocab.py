@@ -76,7 +76,7 @@ import functools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -192,6 +192,63 @@ class Vocabulary:
         word2idx = dict(self.word2idx)
         idx2word = {str(i): w for w, i in sorted(word2idx.items(), key=lambda item: item[1])}
         return {"word2idx": word2idx, "idx2word": idx2word, "idx": self.size}
+
+
+# A split whose caption words are more than this fraction <unk> was probably encoded with a
+# vocabulary that does not belong to it (another dataset's, another tokenizer's): a warning
+# says so. Captions read with their own release's vocabulary lose only their rare words.
+UNK_WARNING_FRACTION = 0.05
+
+
+def count_unknown(captions: Iterable[Sequence[int]], vocab: Vocabulary) -> tuple[int, int]:
+    """``(<unk> tokens, word tokens)`` of encoded captions (``<start>``/``<end>`` not counted).
+
+    Args:
+      captions: token ids of each caption, with ``<start>`` and ``<end>``.
+      vocab: the vocabulary they were encoded with (no ``<unk>`` entry: nothing is unknown).
+    """
+    unk = vocab.word2idx.get(UNK)
+    specials = {vocab.start, vocab.end}
+    unknown = words = 0
+    for ids in captions:
+        for i in ids:
+            if i not in specials:
+                words += 1
+                unknown += i == unk
+    return unknown, words
+
+
+def check_unknown(counts: Mapping[str, Sequence[int]], source: str, *, warn: bool = True) -> None:
+    """Refuses a split whose every word is ``<unk>``; warns about one where more than
+    ``UNK_WARNING_FRACTION`` of them are.
+
+    Args:
+      counts: ``{split: (<unk> tokens, word tokens)}`` (``count_unknown``).
+      source: the vocabulary file (or how the vocabulary was built), named in the messages.
+      warn: log the warnings (``False``: only refuse).
+
+    Raises:
+      ValueError: a split with words, all of them ``<unk>``.
+    """
+    for split, (unknown, words) in counts.items():
+        if words and unknown == words:
+            raise ValueError(
+                f"Every one of the {words} words of the {split} captions is <unk> under the "
+                f"vocabulary {source}: the captions and the vocabulary do not belong together "
+                "(another dataset's or tokenizer's vocabulary file?). Put the release's own "
+                "vocabulary file in data.manual_dir."
+            )
+        if warn and words and unknown > UNK_WARNING_FRACTION * words:
+            logging.warning(
+                "%d of the %d words (%.1f%%) of the %s captions are <unk> under the vocabulary "
+                "%s (more than %g%%): check that it is the release's own vocabulary file.",
+                unknown,
+                words,
+                100.0 * unknown / words,
+                split,
+                source,
+                100 * UNK_WARNING_FRACTION,
+            )
 
 
 def _malformed(path: str, problem: str) -> ValueError:

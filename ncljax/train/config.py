@@ -247,11 +247,19 @@ def check_data_section(config) -> None:
     expected = set(sources.default_config(name).keys()) | set(PIPELINE_FIELDS)
     found = set(config.data.keys())
     if found != expected:
+        from ncljax.train import presets  # presets imports this module
+
         extra, missing = sorted(found - expected), sorted(expected - found)
+        files = presets.config_files_taking(name)
+        takers = (
+            "the config files that take it: " + ", ".join(f"--config={f}" for f in files)
+            if files
+            else f"--config=<file>.py:{name}"
+        )
         raise ValueError(
             f"Invalid config: the data section does not belong to data.name={name!r} (fields "
             f"{extra} are not {name}'s, {missing} are missing). Pass the dataset as the "
-            f"config file's argument (--config=configs/<method>.py:{name}), or rebuild the "
+            f"config file's argument ({takers}), or rebuild the "
             "section with ncljax.train.config.switch_dataset(config, name)."
         )
 
@@ -275,11 +283,15 @@ def validate(config, info) -> None:
     if not 0.0 <= config.noise.rate <= 1.0:
         raise ValueError(f"noise.rate must be in [0, 1], got {config.noise.rate}.")
     if config.noise.kind in ("symmetric", "asymmetric") and info.num_classes < 2:
-        raise ValueError(f"Label noise needs class labels; {info.name} has none.")
+        raise ValueError(
+            f"Label noise needs at least 2 classes; {info.name} has {info.num_classes}."
+        )
     if config.eval.kind not in EVAL_KINDS:
         raise ValueError(f"eval.kind must be one of {EVAL_KINDS}, got {config.eval.kind!r}.")
-    if config.eval.kind == "map" and info.num_classes < 1:
-        raise ValueError(f"eval.kind='map' needs class labels; {info.name} has none.")
+    if config.eval.kind == "map" and info.num_classes < 2:
+        raise ValueError(
+            f"eval.kind='map' needs at least 2 classes; {info.name} has {info.num_classes}."
+        )
     if config.train.epochs < 1:
         raise ValueError(f"train.epochs must be positive, got {config.train.epochs}.")
 
@@ -314,6 +326,15 @@ def check_fields(config, overridden: Collection[str] | None = None) -> None:
 
     t, e, o, m, d = config.train, config.eval, config.optim, config.model, config.data
     need(is_int(t.epochs) and t.epochs >= 1, "train.epochs", "a positive integer")
+    # Every method with a warm-up calls its length warmup_epochs (its factory checks the
+    # value itself); a warm-up as long as the run never reaches the method.
+    warmup = config.method_kwargs.get("warmup_epochs")
+    if is_int(warmup) and is_int(t.epochs) and warmup >= t.epochs >= 1:
+        problems.append(
+            f"method_kwargs.warmup_epochs={warmup} must be less than train.epochs={t.epochs} "
+            f"({config.method} would never leave its warm-up): lower "
+            "--config.method_kwargs.warmup_epochs or raise --config.train.epochs"
+        )
     need(is_int(t.batch_size) and t.batch_size >= 2, "train.batch_size", "an integer >= 2")
     need(is_int(t.num_devices) and t.num_devices >= 0, "train.num_devices", "an integer >= 0")
     need(

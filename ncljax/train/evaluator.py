@@ -15,7 +15,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from ncljax import backend, evaluate
-from ncljax.data import pipeline
+from ncljax.data import pipeline, sources
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import step as step_lib
 from ncljax.train.state import TrainState
@@ -95,6 +95,72 @@ def warn_if_collapsed(representations: dict[str, dict], split_name: str) -> None
             )
 
 
+def _recall_problem(split_name: str, num_images: int, cpi: int, hint) -> str | None:
+    needed = evaluate.recall_min_images(cpi)
+    if num_images >= needed:
+        return None
+    k = max(evaluate.RECALL_KS)
+    return (
+        f"the {split_name} split holds {_count(num_images, 'image')} "
+        f"({_count(num_images * cpi, 'caption')}), too few for Recall@{k} "
+        "(eval.kind='recall'): each text->image query ranks the split's images and each "
+        f"image->text query its captions, and with fewer than {k} wrong candidates R@{k} is "
+        f"100 by construction; that takes at least {needed} images: {hint(needed)}"
+    )
+
+
+def _map_problem(split_name: str, labels: np.ndarray, hint) -> str | None:
+    classes = np.unique(labels)
+    if labels.size >= 2 and classes.size >= 2:
+        return None
+    held = _count(labels.size, "item")
+    if labels.size:
+        held += f" of the single class {int(classes[0])}"
+    return (
+        f"the {split_name} split holds {held}, too few for mAP@all (eval.kind='map'): with "
+        "one class every candidate is relevant to every query and mAP is 1 by construction; "
+        f"it needs items of at least 2 classes, e.g. a larger split: "
+        f"{hint(max(2, labels.size + 1))}"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def check_splits(dataset, config, split_names: Sequence[str] = ("val", "test")) -> None:
+    """Refuses a split on which the ``config.eval.kind`` metrics do not depend on the model.
+
+    Recall@K: fewer images than ``evaluate.recall_min_images`` (11 for R@10) makes some
+    R@K 100 by construction, and a validation rSum constant across epochs selects the
+    first. mAP@all: a split of fewer than two classes (or items) scores 1 by construction.
+    ``eval.coco_5fold`` needs a test split of whole 1,000-image folds (each fold then holds
+    enough images).
+
+    Raises:
+      ValueError: one line naming the split, its size, the metric, the size it needs and
+        the config field to change (``sources.size_hint``).
+    """
+    cpi = dataset.info.captions_per_image
+    for name in split_names:
+        if name not in dataset.info.split_sizes:
+            continue
+        hint = functools.partial(sources.size_hint, config.data, name)
+        if config.eval.kind == "map":
+            problem = _map_problem(name, np.asarray(dataset.split(name).image_labels()), hint)
+        else:
+            num_images = dataset.info.split_sizes[name][0]
+            fold = evaluate.COCO_FOLD_IMAGES
+            if config.eval.coco_5fold and name == "test" and num_images % fold:
+                raise ValueError(
+                    f"Invalid config: eval.coco_5fold=True scores the test split in folds of "
+                    f"{fold} images, but it holds {num_images}; set eval.coco_5fold=False."
+                )
+            problem = _recall_problem(name, num_images, cpi, hint)
+        if problem:
+            raise ValueError(f"Invalid config: {problem}.")
+
+
 def _mean(x: jax.Array, axis: int = 0) -> jax.Array:
     return jnp.mean(x, axis)
 
@@ -141,6 +207,9 @@ class Evaluator:
     The similarities of every image view of every network are ``transform``-ed and
     combined by ``pool`` (a name in ``POOLS``; mAP, which needs ``'mean'``: the cosine of
     the concatenated unit embeddings, i.e. the mean cosine over networks).
+
+    Built before training: a validation or test split too small for the metrics is refused
+    then (``check_splits``), not scored.
     """
 
     def __init__(
@@ -155,6 +224,7 @@ class Evaluator:
         pool: str = "mean",
     ):
         _check_pool(pool)
+        check_splits(dataset, config)
         self._pool = pool
         self._dataset = dataset
         self._config = config

@@ -5,9 +5,14 @@ with the dataset's section, its noise and evaluation protocol and the backbone i
 papers train on it (SGRAF on the precomp benchmarks, MRL's MLPs on the labelled ones,
 small encoders on the synthetic data); then it sets its method and the values of its own
 per-dataset table, and ends with ``quick(config)`` when asked for a smoke run.
+``dataset_hint`` says which config files take a dataset (their ``DATASETS``).
 """
 
 from __future__ import annotations
+
+import glob
+import importlib.util
+import os
 
 import ml_collections
 
@@ -15,6 +20,10 @@ from ncljax.data import sources
 from ncljax.train import config as config_lib
 from ncljax.train import worlds
 
+# The shipped config files (a source checkout's configs/).
+CONFIG_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
+)
 PRECOMP = ("f30k", "coco", "cc152k", "now")
 LABELLED = ("wiki", "nuswide", "xmedianet", "inria")
 
@@ -116,6 +125,54 @@ def start(
     else:
         raise ValueError(f"No preset for dataset {dataset!r}.")
     return config
+
+
+def datasets_of(path: str) -> tuple[str, ...]:
+    """The datasets config file ``path`` takes as its argument (its ``DATASETS``).
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file defines no ``DATASETS``.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Config file {path} not found.")
+    name = "_ncljax_datasets_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    datasets = getattr(module, "DATASETS", None)
+    if datasets is None:
+        raise ValueError(f"Config file {path} defines no DATASETS (the datasets it takes).")
+    return tuple(datasets)
+
+
+def config_files_taking(dataset: str, folder: str = CONFIG_DIR) -> list[str]:
+    """``'<folder>/<file>.py:<dataset>'`` for each config file in ``folder`` that takes
+    ``dataset`` (sorted; empty when ``folder`` does not exist, e.g. an installed package)."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
+        try:
+            if dataset in datasets_of(path):
+                found.append(f"{path}:{dataset}")
+        except Exception:  # a file that does not import is not one to suggest
+            continue
+    return found
+
+
+def dataset_hint(path: str, dataset: str) -> str:
+    """How to train on ``dataset`` with config file ``path``, suggesting only arguments
+    that work: ``--config=path:dataset`` when the file takes ``dataset``; otherwise what it
+    takes and the config files beside it that take ``dataset``."""
+    if dataset in datasets_of(path):
+        return f"pass the dataset as the config file's argument: --config={path}:{dataset}"
+    folder = os.path.dirname(path)
+    others = [f"--config={other}" for other in config_files_taking(dataset, folder or ".")]
+    where = (
+        f"the config files that take it: {', '.join(others)}"
+        if others
+        else f"no config file in {folder or '.'} takes it"
+    )
+    return f"{path} takes only {', '.join(datasets_of(path))}, not {dataset}; {where}"
 
 
 def quick(config) -> ml_collections.ConfigDict:

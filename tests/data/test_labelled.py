@@ -430,6 +430,22 @@ def test_all_zero_rows_are_kept(tmp_path):
     np.testing.assert_array_equal(read_split(ds, "test")[1], texts[3:])
 
 
+def test_a_file_of_a_single_class_is_refused_by_name(tmp_path):
+    """Once "Label noise needs class labels; wiki has none": the file has one class."""
+    write_mrl(tmp_path, "wiki", num_classes=1, first_label=1)
+    cfg = data_config("wiki", tmp_path, valid_len=3)
+    path = str(tmp_path / "manual" / FILES["wiki"])
+    with pytest.raises(ValueError) as err:
+        sources.load_dataset(cfg)
+    assert str(err.value) == (
+        f"{path}: every label (test_imgs_labels, test_texts_labels, train_imgs_labels, "
+        "train_texts_labels) is class 1: the file holds a single class, and category "
+        "retrieval (mAP) and label noise need at least 2; check that these fields hold the "
+        "class ids, or use the released file."
+    )
+    assert not labelled.builder(cfg).is_prepared()
+
+
 @pytest.mark.parametrize("rule", ["test_head", "train_tail"])
 def test_validation_size_must_fit(tmp_path, rule):
     write_mrl(tmp_path, "wiki")

@@ -28,6 +28,9 @@ CAPTION_IDS = [
     [1, 7, 11, 5, 2],
 ]
 SIZES = {"train": 4, "dev": 3, "test": 2}
+# Images per file of a fixture that trains and evaluates: Recall@10 needs 11 images in each
+# evaluated split (ncljax.evaluate.recall_min_images).
+TRAINABLE_SIZES = {"train": 4, "dev": 11, "test": 11}
 # Images per file in the default fixtures (COCO: testall has one more than test).
 SIZES_OF = {
     "f30k": SIZES,

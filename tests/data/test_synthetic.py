@@ -340,6 +340,30 @@ def test_empty_features_are_refused(field):
         synthetic.SyntheticDataset(small_config(**{field: 0}))
 
 
+@pytest.mark.parametrize(
+    ("config", "field", "value", "message"),
+    [
+        ("vse", "captions_per_image", 0, "data.captions_per_image must be at least 1, got 0: "),
+        ("ce", "num_classes", 0, "data.num_classes must be at least 2, got 0: "),
+        ("ce", "num_classes", 1, "data.num_classes must be at least 2, got 1: "),
+    ],
+)
+def test_sizes_without_captions_or_classes_are_refused_by_name(
+    tmp_path, config, field, value, message
+):
+    """Once "train.batch_size=64 is larger than the training split (0 pairs)" and "need at
+    least one array to stack": now the field itself, through the public config path."""
+    from ncljax.train import train_and_evaluate
+    from tests.train.test_loop import load_config
+
+    config = load_config(config, "synthetic,quick")
+    config.data[field] = value
+    with pytest.raises(ValueError) as err:
+        train_and_evaluate(config, str(tmp_path / "run"))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), err.value
+    assert not (tmp_path / "run").exists()
+
+
 def test_too_short_max_length_is_refused_not_truncated():
     with pytest.raises(ValueError, match="raise it to at least 13"):
         synthetic.SyntheticDataset(small_config(max_length=6))

@@ -9,7 +9,7 @@ import pytest
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_mrl
-from tests.data.test_precomp import write_release
+from tests.data.test_precomp import TRAINABLE_SIZES, write_release
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -38,7 +38,7 @@ SLOW = pytest.mark.slow  # 35-50 s each on 2 cores (SGR compiles); NCR f30k stay
     [pytest.param(d, marks=SLOW) for d in ("f30k", "coco", "cc152k")],
 )
 def test_gsc_configs_train_on_precomp_files(tmp_path, dataset):
-    write_release(str(tmp_path / "manual"), dataset)
+    write_release(str(tmp_path / "manual"), dataset, sizes=TRAINABLE_SIZES)
     config = load_config("gsc", f"{dataset},quick")
     config.data.val_images = 0  # the fixture's dev split is smaller than NCR's 1000 images
     config.eval.coco_5fold = False  # its 3 test images hold no 1K fold
@@ -91,7 +91,7 @@ def test_uot_configs_train_on_mrl_files(tmp_path, name, dataset):
 def test_ncr_configs_train_on_precomp_files(tmp_path, dataset):
     """One co-training epoch at once (the quick preset): co-divide, both networks in turn
     on their peer's division, the clean and the noisy update, through the SGR head."""
-    write_release(str(tmp_path / "manual"), dataset)
+    write_release(str(tmp_path / "manual"), dataset, sizes=TRAINABLE_SIZES)
     config = load_config("ncr", f"{dataset},quick")
     config.data.val_images = 0
     config.eval.coco_5fold = False
