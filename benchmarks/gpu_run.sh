@@ -29,13 +29,14 @@
 # GPU_RUN_RATES (0.4,0.6,0), GPU_RUN_SEEDS (0), GPU_RUN_JOBS (runs at a time, 11),
 # GPU_RUN_MEM_FRACTION (GPU memory cap per sweep run, 0.07), GPU_RUN_SWEEP_CAP (seconds,
 # 240), GPU_RUN_SET (space-separated field=value overrides for every sweep run, e.g.
-# "train.epochs=2" for a smoke test), GPU_RUN_FAMILY (pairs; labels sweeps the noisy-label
-# methods on the labels worlds through ncljax.report).
+# "train.epochs=3" for a smoke test, one epoch past the pairs methods' warm-ups; 5 for the
+# labels family), GPU_RUN_FAMILY (pairs; labels sweeps the noisy-label methods on the
+# labels worlds through ncljax.report).
 #
 # Local smoke test on a CPU (no GPU: the profile runs at a tiny batch):
 #   OUT=/tmp/gpuprep/out PYTHON=/tmp/gpuvenv/bin/python GPU_RUN_PROFILE_ARGS="--batch=4
 #   --repeats=1" GPU_RUN_METHODS=vse,ncr GPU_RUN_RATES=0,0.6 GPU_RUN_JOBS=1
-#   GPU_RUN_SET=train.epochs=2 bash benchmarks/gpu_run.sh
+#   GPU_RUN_SET=train.epochs=3 bash benchmarks/gpu_run.sh
 #
 # The wheels (Python 3.12, manylinux x86_64), fetched here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
