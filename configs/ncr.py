@@ -6,6 +6,7 @@ r"""NCR (noisy correspondence rectifier, co-teaching), the baseline of every met
   python train.py --config=configs/ncr.py:cc152k --config.data.manual_dir=/path/to/files
   python train.py --config=configs/ncr.py:f30k,quick        # smoke run of a real config
   python train.py --config=configs/ncr.py:f30k,code         # the official code's switches
+  python train.py --config=configs/ncr.py:vectors --config.data.folder=DIR  # your own vectors
 
 Real benchmarks: the official scripts' settings (``XLearning-SCU/2021-NeurIPS-NCR``
 README and ``run.py``): SGR head, batch 128, Adam 2e-4 with clipping 2.0, x0.1 every
@@ -19,6 +20,9 @@ with an official index file), none on CC152K (real noise).
 ``:synthetic``: the embedded data with 40% per-caption noise, region encoder + Bi-GRU +
 cosine head, trained like ``configs/vse.py:synthetic`` (Adam 1e-3, batch 128, 12
 epochs: 2 warm-up + 10 co-training, the noisy update from co-training epoch 5).
+``:vectors``: a folder of your own vectors (``ncljax.data.vectors``; its own pairs, MLP
+encoders ``D -> 1024 -> 256`` and the cosine head, Adam 5e-4, batch 128): 2 warm-up + 18
+co-training epochs, the noisy update from co-training epoch 9.
 ``,code`` turns on the official code's deviations from the paper (``margin_of='image'``,
 ``target_prediction='broadcast'``: the code's ``[B, B]`` clean labels ``w_i + (1 - w_i) P_j``;
 see ``ncljax/methods/ncr.py``).
@@ -36,6 +40,7 @@ SCHEDULES = {
     "f30k": (5, 40, 30),
     "coco": (10, 20, 10),
     "cc152k": (10, 40, 30),
+    "vectors": (2, 18, None),
 }
 DATASETS = tuple(SCHEDULES)
 CODE = dict(margin_of="image", target_prediction="broadcast")  # the official code's switches

@@ -9,6 +9,7 @@ r"""PC2: pseudo-classification, pseudo-captions and oscillation-based rectificat
   python train.py --config=configs/pc2.py:now --config.data.manual_dir=/path/to/files \
       --config.data.tokenizer=bpe                                # NoW's Table 8
   python train.py --config=configs/pc2.py:f30k,code             # the official code's switches
+  python train.py --config=configs/pc2.py:vectors --config.data.folder=DIR   # your vectors
 
 Real benchmarks (``pc2.md`` Sec. 5.3): the SGR head (sigmoid output), two co-taught
 networks each with its pseudo-classifier (``K = 128``, hidden 256), batch 128, Adam 2e-4
@@ -47,6 +48,11 @@ PC2* without the update 493.2; benchmarks/RESULTS.md).
 The precomp benchmarks set ``calibration='paper'`` (Eq. 5's cutoff is the code's
 absolute 0.5 on the prediction cosine); ``:synthetic`` keeps the default ``'data'`` (the
 cutoff placed between the batch's chance cosine and 1; see ``ncljax/methods/pc2.py``).
+``:vectors``: a folder of your own vectors (``ncljax.data.vectors``; its own pairs, MLP
+encoders ``D -> 1024 -> 256`` and the cosine head, Adam 5e-4, batch 128), 2 warm-up + 18
+co-training epochs, with the synthetic data's cosine-head remedies (late classification,
+centred targets, marginal entropy, ``lambda_n = 0.01``) but the paper's ``K = 128``
+pseudo-classes (a crawl has many more semantic classes than the synthetic 10).
 ``,code`` turns on the official code's deviations from the paper (``bank_mode``,
 ``margin_indexing``, ``detach_noisy_margin``, ``rectify_indicator``; see
 ``ncljax/methods/pc2.py``).
@@ -65,6 +71,7 @@ SCHEDULES = {
     "coco": (10, 50, 30),
     "cc152k": (10, 50, 30),
     "now": (10, 50, 30),
+    "vectors": (2, 18, None),
 }
 DATASETS = tuple(SCHEDULES)
 PSEUDO_START = 25  # the code's warmup_epoch_2, in co-training epochs
@@ -82,16 +89,17 @@ def get_config(arg: str = "synthetic"):
     config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "pc2"
     kwargs = dict(warmup_epochs=warmup, pseudo_start_epoch=min(PSEUDO_START, cotrain // 2))
-    if dataset == "synthetic":  # see the docstring: the classifier without collapse
+    if dataset in ("synthetic", "vectors"):  # see the docstring: no collapse on a cosine head
         kwargs.update(
-            num_classes=32,
             classification_start_epoch=warmup,
             center_targets=True,
             entropy_mode="marginal",
             entropy_weight=1.0,
             noisy_weight=0.01,
         )
-    if dataset != "synthetic":  # the paper's backbone keeps the code's cutoff 0.5 exactly
+    if dataset == "synthetic":
+        kwargs.update(num_classes=32)
+    if dataset in presets.PRECOMP:  # the paper's backbone keeps the code's cutoff 0.5 exactly
         kwargs.update(calibration="paper")
     config.method_kwargs = config_lib.method_kwargs(
         "pc2", **kwargs, **(CODE if "code" in options else {})

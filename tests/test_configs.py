@@ -10,10 +10,12 @@ import os
 import pytest
 
 from ncljax import methods
+from ncljax.data import vectors
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_inria, write_mrl
 from tests.data.test_precomp import TRAINABLE_SIZES, write_release
+from tests.data.test_vectors import make_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -67,6 +69,8 @@ def test_config_arguments_are_checked():
 def _write_fixture(tmp_path, dataset):
     if dataset in ("f30k", "coco", "cc152k", "now"):
         write_release(str(tmp_path / "manual"), dataset, sizes=TRAINABLE_SIZES)
+    elif dataset == "vectors":
+        vectors.write_folder(str(tmp_path / "manual"), make_arrays(labels=True))
     elif dataset == "inria":
         write_inria(tmp_path)
     elif dataset != "synthetic":
@@ -78,6 +82,8 @@ def _shrink(config, tmp_path):
     d, m = config.data, config.model
     if d.name == "synthetic":
         d.num_train, d.num_val, d.num_test = 16, 11, 11
+    elif d.name == "vectors":
+        d.folder = str(tmp_path / "manual")
     else:
         d.manual_dir, d.data_dir = str(tmp_path / "manual"), str(tmp_path / "prepared")
     if "val_images" in d:
@@ -112,7 +118,7 @@ def _shrink(config, tmp_path):
 # cores (that path is in the default run through NCR's F30K config,
 # tests/train/test_real_configs.py), and the other synthetic configs train in the default
 # run elsewhere (tests/train/test_loop.py, tests/methods/, tests/notebooks/).
-DEFAULT = {("infonce", "synthetic")} | {
+DEFAULT = {("infonce", "synthetic"), ("gsc", "vectors"), ("ce", "vectors")} | {
     (n, d) for n in ("ce", "uot_rcl") for d in ("wiki", "nuswide", "xmedianet", "inria")
 }
 TRAIN = [

@@ -96,6 +96,7 @@ _MODULES = {
     "nuswide": "ncljax.data.labelled",
     "xmedianet": "ncljax.data.labelled",
     "inria": "ncljax.data.labelled",
+    "vectors": "ncljax.data.vectors",
 }
 
 

@@ -48,4 +48,4 @@ def test_a_dataset_the_file_takes_is_its_argument():
     assert presets.dataset_hint(path, "f30k") == (
         f"pass the dataset as the config file's argument: --config={path}:f30k"
     )
-    assert presets.datasets_of(path) == ("synthetic", "f30k", "coco", "cc152k")
+    assert presets.datasets_of(path) == ("synthetic", "f30k", "coco", "cc152k", "vectors")
