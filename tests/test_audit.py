@@ -1,0 +1,377 @@
+"""``python -m ncljax.audit``: a run's verdict on each training pair, exported.
+
+Tiny GSC and NCR runs on the synthetic data (module-scoped: trained once) are audited and
+the exported scores checked against an independent pairwise AUC and the run's own
+``noise_auc``; the ground-truth noise is rebuilt from the run's config with
+``ncljax.data.noise`` (it is deterministic in ``noise.seed``), never read by the audit.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ncljax import audit, models
+from ncljax.data import noise, pipeline, sources
+from ncljax.train import ensemble, train_and_evaluate
+from tests.train.test_faults import _truncate
+from tests.train.test_loop import ROOT, load_config, read_metrics, tiny
+
+
+def _train(workdir, name, *, epochs=2, **sizes):
+    config = tiny(load_config(name, "synthetic,quick"), epochs=epochs)
+    config.train.num_devices = 1
+    for field, value in sizes.items():
+        setattr(config.data, field, value)
+    train_and_evaluate(config, str(workdir))
+    return str(workdir)
+
+
+class _Runs(dict):
+    """Finished tiny runs, each trained when a test first asks for it: GSC+ (2 networks,
+    2 epochs), NCR (a warm-up epoch, then co-divide)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, method):
+        epochs = {"gsc": 2, "ncr": 3}[method]
+        self[method] = _train(self.root / method, method, epochs=epochs)
+        return self[method]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return _Runs(tmp_path_factory.mktemp("audit"))
+
+
+def _pairwise_auc(score, clean):
+    """P(a clean pair scores above a noisy one), ties 1/2: every clean-noisy pair compared."""
+    above = score[clean][:, None] > score[~clean][None, :]
+    tied = score[clean][:, None] == score[~clean][None, :]
+    return (above.sum() + 0.5 * tied.sum()) / above.size
+
+
+def _true_clean(workdir):
+    """The run's ground truth: which training caption kept its own image."""
+    config = ensemble.load_config(workdir)
+    split = sources.load_dataset(config.data).split("train")
+    made = noise.correspondence_noise(
+        split.num_captions,
+        split.captions_per_image,
+        rate=config.noise.rate,
+        seed=config.noise.seed,
+        protocol=config.noise.kind,
+        exact=config.noise.exact,
+    )
+    return made.image_index == np.arange(split.num_captions) // split.captions_per_image
+
+
+def _read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _scores_by_index(rows):
+    score = np.full(len(rows), np.nan)
+    for row in rows:
+        score[int(row["index"])] = float(row["clean_score"])
+    return score
+
+
+def _results(workdir):
+    with open(os.path.join(workdir, "results.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("method", ["gsc", "ncr"])
+def test_one_row_per_training_pair_sorted_by_rank(runs, method):
+    workdir = runs[method]
+    summary = audit.audit(workdir)
+    rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
+    clean = _true_clean(workdir)
+    assert len(rows) == clean.size == summary["num_pairs"]
+    assert [int(r["rank"]) for r in rows] == list(range(1, clean.size + 1))
+    assert sorted(int(r["index"]) for r in rows) == list(range(clean.size))
+    # Most suspicious first: scores never fall along the ranks, ties in index order.
+    keys = [(float(r["clean_score"]), int(r["index"])) for r in rows]
+    assert keys == sorted(keys)
+    assert {r["image_id"] for r in rows} == {r["caption"] for r in rows} == {""}
+    with open(os.path.join(workdir, "audit", "pairs.jsonl"), encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f]
+    assert [str(v) for row in lines for v in row.values()] == [
+        v for row in rows for v in row.values()
+    ]
+    assert os.path.getsize(os.path.join(workdir, "audit", "scores.png")) > 0
+
+
+@pytest.mark.parametrize("method", ["gsc", "ncr"])
+def test_exported_scores_give_the_runs_own_noise_auc(runs, method):
+    workdir = runs[method]
+    audit.audit(workdir)
+    score = _scores_by_index(_read_csv(os.path.join(workdir, "audit", "pairs.csv")))
+    clean = _true_clean(workdir)
+    assert 0 < clean.sum() < clean.size and np.ptp(score) > 0
+    auc = _pairwise_auc(score, clean)
+    assert auc == pytest.approx(_results(workdir)["noise_auc"], abs=1e-9)
+    if method == "ncr":  # co-divide after a warm-up finds the mismatched pairs
+        assert auc > 0.6
+
+
+def test_the_record_names_the_final_checkpoint(runs):
+    workdir = runs["ncr"]
+    audit.audit(workdir)
+    with open(os.path.join(workdir, "audit", "audit.json")) as f:
+        record = json.load(f)
+    last_val = [m for m in read_metrics(workdir) if m["split"] == "val"][-1]
+    assert record["checkpoint"] == {
+        "step": last_val["step"],
+        "epochs_completed": 3,
+        "num_epochs": 3,
+        "mid_epoch": False,
+        "finished": True,
+    }
+    assert record["method"] == "ncr" and record["threshold"] == 0.5
+    score = _scores_by_index(_read_csv(os.path.join(workdir, "audit", "pairs.csv")))
+    assert record["at_or_below_threshold"] == int((score <= 0.5).sum())
+
+
+def _interrupted_copy(workdir, target):
+    """``workdir`` as if killed before its last epoch: no results.json, only the older of
+    the two checkpoints it keeps."""
+    shutil.copytree(workdir, target, ignore=shutil.ignore_patterns("audit"))
+    os.remove(target / "results.json")
+    latest = target / "checkpoints" / "latest"
+    steps = sorted(int(s) for s in os.listdir(latest))
+    for step in steps[1:]:
+        shutil.rmtree(latest / str(step))
+    return str(target), steps
+
+
+def test_an_interrupted_run_is_audited_from_its_last_checkpoint(runs, tmp_path):
+    workdir, steps = _interrupted_copy(runs["ncr"], tmp_path / "ncr")
+    scores = audit.pair_scores(workdir)
+    assert scores.checkpoint == {
+        "step": steps[0],
+        "epochs_completed": 2,
+        "num_epochs": 3,
+        "mid_epoch": False,
+        "finished": False,
+    }
+    # The checkpoint holds the memory its epoch's validation line was scored on.
+    val = next(m for m in read_metrics(workdir) if m["split"] == "val" and m["epoch"] == 1)
+    assert val["step"] == steps[0]
+    clean = _true_clean(workdir)
+    assert np.ptp(scores.clean_score) > 0
+    assert _pairwise_auc(scores.clean_score, clean) == pytest.approx(val["noise_auc"], abs=1e-9)
+    assert not os.path.exists(os.path.join(workdir, "audit"))  # pair_scores writes nothing
+
+
+def test_a_damaged_newest_checkpoint_falls_back_with_a_note(runs, tmp_path):
+    workdir = tmp_path / "ncr"
+    shutil.copytree(runs["ncr"], workdir)
+    latest = workdir / "checkpoints" / "latest"
+    steps = sorted(int(s) for s in os.listdir(latest))
+    _truncate(latest / str(steps[-1]) / "meta" / "metadata")
+    scores = audit.pair_scores(str(workdir))
+    assert scores.checkpoint["step"] == steps[0]
+    assert len(scores.notes) == 1 and f"step {steps[-1]} cannot be read" in scores.notes[0]
+    assert sorted(int(s) for s in os.listdir(latest)) == steps  # read only: nothing moved
+
+
+def test_a_run_without_a_checkpoint_is_one_error(tmp_path):
+    config = load_config("gsc", "synthetic,quick")
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())
+    with pytest.raises(FileNotFoundError, match="no checkpoint yet"):
+        audit.pair_scores(str(tmp_path))
+
+
+@pytest.mark.parametrize("method", ["vse", "infonce", "ce"])
+def test_a_baseline_scores_no_pair(tmp_path, method):
+    config = load_config(method, "synthetic")
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())
+    with pytest.raises(audit.NothingToAudit, match=f"{method} is a baseline"):
+        audit.audit(str(tmp_path))
+    assert not os.path.exists(tmp_path / "audit")
+
+
+def _cli(workdir):
+    out = subprocess.run(
+        [sys.executable, "-m", "ncljax.audit", f"--workdir={workdir}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    return out.returncode, out.stdout, out.stderr
+
+
+def _one_line(stderr):
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def test_command_line(runs, tmp_path):
+    code, stdout, stderr = _cli(runs["gsc"])
+    assert code == 0, stderr[-3000:]
+    assert stdout.startswith("Audit of gsc (finished; step ") and "pairs.csv" in stdout
+    assert stderr == ""  # no orbax log lines
+
+    (tmp_path / "vse").mkdir()
+    config = load_config("vse", "synthetic")
+    (tmp_path / "vse" / "config.json").write_text(config.to_json_best_effort())
+    code, stdout, stderr = _cli(tmp_path / "vse")
+    assert code == audit.NOTHING_TO_AUDIT == 3
+    assert _one_line(stderr).startswith("vse is a baseline: it estimates nothing")
+
+    code, _, stderr = _cli(tmp_path / "nowhere")
+    assert code == 1
+    assert _one_line(stderr) == (
+        f"FileNotFoundError: --workdir {tmp_path / 'nowhere'}: no such directory."
+    )
+
+
+def test_paired_images_are_those_the_trainer_reads():
+    config = load_config("gsc", "synthetic,quick")
+    config.data.num_train = 16
+    split = sources.load_dataset(config.data).split("train")
+    image_fields, text_fields = models.input_fields(config.model)
+    pairs = pipeline.training_pairs(
+        split, config.noise, num_classes=0, image_fields=image_fields, text_fields=text_fields
+    )
+    image_index = audit._paired_images(split, config.noise)
+    assert (image_index != np.arange(split.num_captions) // split.captions_per_image).any()
+    for k in range(split.num_captions):
+        record = pairs.record_fn(k)
+        image = split.image(int(image_index[k]), image_fields)
+        for field in image_fields:
+            np.testing.assert_array_equal(record[field], image[field])
+
+
+def test_ranks_break_ties_by_confidence_then_index():
+    score = np.array([0.5, 0.0, 0.0, 0.9, 0.0])
+    assert audit.rank_of(score).tolist() == [4, 1, 2, 5, 3]
+    confidence = np.array([0.1, 0.2, 0.9, 0.5, 0.2])
+    assert audit.rank_of(score, confidence).tolist() == [4, 2, 1, 5, 3]
+
+
+def test_noisy_label_run_exports_observed_and_corrected_labels(tmp_path):
+    workdir = _train(tmp_path / "uot_rcl", "uot_rcl", epochs=3, num_train=100)
+    summary = audit.audit(workdir)
+    rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
+    assert list(rows[0]) == list(audit.PAIR_FIELDS + audit.LABEL_FIELDS)
+    config = ensemble.load_config(workdir)
+    dataset = sources.load_dataset(config.data)
+    split = dataset.split("train")
+    assert len(rows) == split.num_captions == summary["num_pairs"]
+    rows.sort(key=lambda r: int(r["index"]))
+    image_fields, text_fields = models.input_fields(config.model)
+    pairs = pipeline.training_pairs(
+        split,
+        config.noise,
+        num_classes=dataset.info.num_classes,
+        image_fields=image_fields,
+        text_fields=text_fields,
+    )
+    observed = np.array([int(r["observed_label_text"]) for r in rows])
+    np.testing.assert_array_equal(observed, pairs.labels_text)
+    true = split.image_labels()[np.arange(split.num_captions) // split.captions_per_image]
+    assert (observed != true).any()
+    # The exported corrected labels score as the trainer's label diagnostics of the run's
+    # last epoch (the same memory).
+    corrected = np.array([int(r["corrected_label"]) for r in rows])
+    trusted = np.array([r["trusted"] == "True" for r in rows])
+    last = [m for m in read_metrics(workdir) if m["split"] == "val"][-1]
+    assert trusted.mean() == pytest.approx(last["selected_fraction"])
+    assert (corrected == true)[trusted].mean() == pytest.approx(last["corrected_accuracy"])
+    confidence = np.array([float(r["confidence"]) for r in rows])
+    assert ((confidence >= 0) & (confidence <= 1 + 1e-6)).all()
+
+
+@pytest.fixture(scope="module")
+def lying_folder(tmp_path_factory):
+    """A vectors folder whose training split holds 40% mismatched captions, and the mask."""
+    vectors = pytest.importorskip("ncljax.data.vectors")
+    folder = str(tmp_path_factory.mktemp("vectors"))
+    mismatched = vectors.from_synthetic(
+        folder, num_train=64, num_val=16, num_test=16, noise_rate=0.4, seed=0
+    )
+    return folder, mismatched
+
+
+def test_a_vectors_run_exports_its_ids_and_captions(lying_folder, tmp_path):
+    from ncljax.data import vectors
+
+    folder, mismatched = lying_folder
+    config = load_config("gsc", "vectors,quick")
+    config.data.folder = folder
+    config.train.epochs = 2  # GSC divides from its second epoch
+    config.train.batch_size = config.eval.batch_size = 32
+    config.train.num_devices, config.train.progress_bar = 1, False
+    workdir = str(tmp_path / "run")
+    train_and_evaluate(config, workdir)
+    audit.audit(workdir)
+    rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
+    assert len(rows) == mismatched.size
+    image_ids, captions = vectors.display_texts(folder, "train")
+    cpi = mismatched.size // len(image_ids)
+    for row in rows:
+        k = int(row["index"])
+        assert (row["image_id"], row["caption"]) == (image_ids[k // cpi], captions[k])
+    score = _scores_by_index(rows)
+    assert np.ptp(score) > 0
+    # The folder lies and the run does not know it: no noise_auc of its own.
+    assert "noise_auc" not in _results(workdir)
+
+
+def test_simulated_noise_on_vectors_names_the_image_each_pair_trained_with(lying_folder):
+    from ncljax.data import vectors
+
+    folder, _ = lying_folder
+    config = load_config("gsc", "vectors,quick")
+    config.data.folder = folder
+    config.noise.kind, config.noise.rate, config.noise.seed = "per_caption", 0.5, 3
+    split = sources.load_dataset(config.data).split("train")
+    pairs = pipeline.training_pairs(
+        split, config.noise, num_classes=0, image_fields=("global_image",), text_fields=()
+    )
+    image_ids, captions = audit._display(config, split)
+    ids, lines = vectors.display_texts(folder, "train")
+    assert captions == lines
+    assert sum(a != ids[k // split.captions_per_image] for k, a in enumerate(image_ids)) > 0
+    for k, image_id in enumerate(image_ids):  # the id of the image the record holds
+        i = ids.index(image_id)
+        np.testing.assert_array_equal(
+            pairs.record_fn(k)["global_image"], split.image(i, ("global_image",))["global_image"]
+        )
+
+
+def test_without_matplotlib_the_tables_are_written(runs, monkeypatch):
+    workdir = runs["gsc"]
+    audit.audit(workdir)
+    png = os.path.join(workdir, "audit", "scores.png")
+    assert os.path.exists(png)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    result = audit.audit(workdir)
+    assert result["plot_error"].startswith("scores.png needs matplotlib: pip install")
+    assert "\n" not in result["plot_error"]
+    assert set(result["paths"]) == {"pairs.csv", "pairs.jsonl", "audit.json"}
+    assert not os.path.exists(png)  # not the plot of an earlier audit
+
+
+def test_a_dataset_that_no_longer_gives_the_runs_pairs_is_refused(runs, tmp_path):
+    workdir = tmp_path / "ncr"
+    shutil.copytree(runs["ncr"], workdir, ignore=shutil.ignore_patterns("audit"))
+    with open(workdir / "config.json") as f:
+        config = json.load(f)
+    config["noise"]["seed"] += 1  # as if the noise were drawn again
+    (workdir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no longer gives the run's training pairs"):
+        audit.pair_scores(str(workdir))
