@@ -14,8 +14,15 @@ import tempfile
 
 # Must be set before jax is imported anywhere in the test session (the xdist workers
 # inherit the controller's environment, hence its cache directory).
+# The 8 fake devices' collectives run as 8 rendezvousing threads; with two xdist workers on
+# 2 cores one participant can be descheduled long enough that XLA's default terminate
+# timeout aborted a worker once ("may be stuck", then "Fatal Python error: Aborted").
+# A longer timeout lets a starved participant arrive; a true deadlock still ends.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8"
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    + " --xla_cpu_collective_timeout_seconds=300"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
