@@ -402,7 +402,7 @@ def _pass_lengths(epoch_passes) -> dict[str, float]:
 
 
 def _mean(accumulated: dict) -> dict[str, float]:
-    return mean_of_sums(jax.device_get(accumulated))  # NaN (logged null) over no item
+    return mean_of_sums(accumulated)  # NaN (logged null) over no item
 
 
 def _warn_if_tied(value: float, meta: dict, epoch: int, selection: str) -> None:
