@@ -65,6 +65,5 @@ def get_config(arg: str = "synthetic"):
         config.method_kwargs.update(
             intra_weight=gamma, num_networks=networks, text_structure=TEXT_STRUCTURE[preset]
         )
-        config.optim.decay_factor, config.optim.decay_every = 0.2, decay_every
-        config.train.epochs = epochs
+        presets.schedule(config, 0, epochs, decay_every, decay_factor=0.2)  # no warm-up
     return presets.quick(config) if "quick" in options else config

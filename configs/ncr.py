@@ -55,14 +55,7 @@ def get_config(arg: str = "synthetic"):
     config.method_kwargs = config_lib.method_kwargs(
         "ncr", **kwargs, **(CODE if "code" in options else {})
     )
-    config.train.epochs = warmup + cotrain
-    if lr_update:
-        config.optim.decay_every = lr_update  # counted in co-training epochs (the plan's)
+    presets.schedule(config, warmup, cotrain, lr_update)  # lr decay counted in co-training epochs
     if "quick" in options:
-        presets.quick(config)
-        kwargs = config.method_kwargs
-        kwargs.warmup_epochs = kwargs.noisy_start_epoch = int(dataset == "synthetic")
-        if dataset == "synthetic":  # a warm-up epoch, then co-training with both updates
-            config.data.num_train, config.data.num_val = 512, 64
-            config.train.epochs = 3
+        presets.quick_coteaching(config, dataset, "noisy_start_epoch")
     return config

@@ -104,16 +104,9 @@ def get_config(arg: str = "synthetic"):
     config.method_kwargs = config_lib.method_kwargs(
         "pc2", **kwargs, **(CODE if "code" in options else {})
     )
-    config.train.epochs = warmup + cotrain
-    if lr_update:
-        config.optim.decay_every = lr_update  # counted in co-training epochs (the plan's)
+    presets.schedule(config, warmup, cotrain, lr_update)  # lr decay counted in co-training epochs
     if "quick" in options:
-        presets.quick(config)
-        kwargs = config.method_kwargs
-        kwargs.warmup_epochs = kwargs.pseudo_start_epoch = int(dataset == "synthetic")
-        if dataset == "synthetic":
-            kwargs.classification_start_epoch = 1
-        if dataset == "synthetic":  # a warm-up epoch, then co-training with both updates
-            config.data.num_train, config.data.num_val = 512, 64
-            config.train.epochs = 3
+        presets.quick_coteaching(config, dataset, "pseudo_start_epoch")
+        if dataset == "synthetic":  # the classification from the first co-training epoch
+            config.method_kwargs.classification_start_epoch = 1
     return config

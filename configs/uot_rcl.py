@@ -66,5 +66,6 @@ def get_config(arg: str = "synthetic"):
         # Real data: one epoch that reaches the correction at once; synthetic: 2 + 2.
         kwargs.warmup_epochs = 2 if dataset == "synthetic" else 0
         if dataset == "synthetic":
-            kwargs.neighbours, config.train.epochs = 10, 4
+            kwargs.neighbours = 10
+            presets.schedule(config, kwargs.warmup_epochs, 2, None)
     return config

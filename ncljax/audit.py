@@ -202,7 +202,7 @@ def _restore_memory(workdir: str, like) -> _Restored:
             f"{workdir} has no checkpoint yet ({directory} is missing): the audit reads the "
             "memory of a checkpoint; train until the first one is saved."
         )
-    with checkpoint._muted():  # orbax warns that a read-only manager saves nothing
+    with checkpoint.muted():  # orbax warns that a read-only manager saves nothing
         manager = ocp.CheckpointManager(
             directory,
             options=ocp.CheckpointManagerOptions(read_only=True, create=False),
@@ -217,7 +217,7 @@ def _restore_memory(workdir: str, like) -> _Restored:
     try:
         steps = sorted(manager.all_steps(), reverse=True)
         for step in steps:
-            out, reason = checkpoint._attempt(
+            out, reason = checkpoint.attempt(
                 lambda step=step: manager.restore(
                     step,
                     args=ocp.args.Composite(

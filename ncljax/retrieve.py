@@ -61,8 +61,9 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from ncljax import backend, evaluate, methods
+from ncljax import backend, methods
 from ncljax.data import sources
+from ncljax.evaluate import blocks
 from ncljax.methods.base import Method
 from ncljax.train import checkpoint, ensemble
 from ncljax.train import evaluator as evaluator_lib
@@ -173,24 +174,24 @@ def _scores(run: Run, image_rows, text_rows, axis: int, size: int, chunk: int) -
     caption. The blocks are placed as the evaluator's sweep places them (image rows over the
     mesh, caption blocks replicated) and padded to one shape, so each compiles once.
     """
-    rows, columns, multiple = evaluate._placements(run.mesh)
+    rows, columns, multiple = blocks.placements(run.mesh)
     enc = run.encoded
     parts = []
     with jax.set_mesh(run.mesh):
         if axis == 1:
-            image_block = jax.device_put(evaluate._take_rows(image_rows, 0, multiple), rows)
+            image_block = jax.device_put(blocks.take_rows(image_rows, 0, multiple), rows)
             for start in range(0, size, chunk):
-                text_block = jax.device_put(evaluate._take_rows(text_rows, start, chunk), columns)
+                text_block = jax.device_put(blocks.take_rows(text_rows, start, chunk), columns)
                 sim = _similarity_block(enc.sim_fn, enc.params, image_block, text_block)
                 parts.append(sim[0])
         else:
-            chunk = evaluate._round_up(chunk, multiple)
-            text_block = jax.device_put(evaluate._take_rows(text_rows, 0, 1), columns)
+            chunk = blocks.round_up(chunk, multiple)
+            text_block = jax.device_put(blocks.take_rows(text_rows, 0, 1), columns)
             for start in range(0, size, chunk):
-                image_block = jax.device_put(evaluate._take_rows(image_rows, start, chunk), rows)
+                image_block = jax.device_put(blocks.take_rows(image_rows, start, chunk), rows)
                 sim = _similarity_block(enc.sim_fn, enc.params, image_block, text_block)
                 parts.append(sim[:, 0])
-        scores = np.concatenate(evaluate._to_host(parts))[:size]
+        scores = np.concatenate(blocks.to_host(parts))[:size]
     if not np.all(np.isfinite(scores)):
         raise ValueError(
             f"The model gave {int(np.sum(~np.isfinite(scores)))} non-finite similarities for "
@@ -271,7 +272,7 @@ def rank_captions(run: Run, image_index: int, candidates: Sequence[int] | None =
     else:
         index = _candidate_index(candidates, run.num_captions, "caption")
     texts = _gather(run.encoded.texts, None if candidates is None else index)
-    image = evaluate._take_rows(run.encoded.images, image_index, 1)
+    image = blocks.take_rows(run.encoded.images, image_index, 1)
     chunk = min(run.config.eval.text_chunk, index.size)
     return _order(_scores(run, image, texts, 1, index.size, chunk), index)
 
@@ -301,7 +302,7 @@ def rank_images(run: Run, caption_index: int, candidates: Sequence[int] | None =
     else:
         index = _candidate_index(candidates, run.num_images, "image")
     images = _gather(run.encoded.images, None if candidates is None else index)
-    text = evaluate._take_rows(run.encoded.texts, caption_index, 1)
+    text = blocks.take_rows(run.encoded.texts, caption_index, 1)
     chunk = min(run.config.eval.image_chunk, index.size)
     return _order(_scores(run, images, text, 0, index.size, chunk), index)
 
@@ -353,7 +354,7 @@ def embeddings(run: Run) -> tuple[np.ndarray, np.ndarray]:
         views, a transform or a pool other than the plain mean).
     """
     check_exportable(run.config, run.workdir, run.method)
-    flat = evaluator_lib._flatten_networks
+    flat = evaluator_lib.flatten_networks
     image = flat(run.encoded.images["emb"])
     text = flat(run.encoded.texts["emb"])
     return tuple(np.asarray(jax.device_get(x), np.float32) for x in (image, text))

@@ -12,7 +12,7 @@ import pytest
 from ncljax import methods
 from ncljax.data import vectors
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate
+from ncljax.train import train_and_evaluate, validation
 from tests.data.test_labelled import write_inria, write_mrl
 from tests.data.test_precomp import TRAINABLE_SIZES, write_release
 from tests.data.test_vectors import make_arrays
@@ -45,7 +45,7 @@ def test_every_method_has_one_config_file():
 def test_config_resolves_for_each_listed_dataset(name, dataset):
     for arg in (dataset, f"{dataset},quick"):
         config = load(name, arg)
-        config_lib.check_fields(config)  # honest: every non-default field is read
+        validation.check(config)  # honest: every non-default field is read
         assert config.data.name == dataset
         defaults = {
             k for k, p in methods.hyperparameters(config.method).items() if p.default is not p.empty

@@ -14,7 +14,7 @@ import pytest
 
 from ncljax import report
 from ncljax.train import config as config_lib
-from ncljax.train import worlds
+from ncljax.train import validation, worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +78,7 @@ def _resolve(run, quick=False, sets=()):
 )
 def test_every_run_resolves_to_a_config_the_validation_accepts(run):
     config, overridden = _resolve(run)
-    config_lib.check_fields(config, overridden)
+    validation.check(config, overridden)
     assert config.method == run.method and config.seed == 3
     assert config.train.batch_size == worlds.get(run.world).batch_size
     if run.rate == 0:  # noise off, and no noise seed that nothing would read

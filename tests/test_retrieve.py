@@ -20,8 +20,9 @@ import pytest
 from ncljax import evaluate, retrieve
 from ncljax.data import vectors
 from ncljax.train import config as config_lib
-from ncljax.train import ensemble, presets, train_and_evaluate, unread
+from ncljax.train import ensemble, presets, train_and_evaluate
 from ncljax.train import mesh as mesh_lib
+from ncljax.train.fields import reset_unread
 from tests.train.test_ensemble import _brute_force
 from tests.train.test_loop import ROOT, load_config, tiny
 
@@ -269,7 +270,7 @@ def test_sgr_reranks_candidates_in_the_matrix_order(tmp_path):
     config.model.head = "sgr"
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
     config.model.sgr_steps, config.model.remat, config.model.length_groups = 1, "none", 1
-    unread.reset_unread(config)
+    reset_unread(config)
     config.train.num_devices = 1
     train_and_evaluate(config, str(tmp_path / "sgr"))
     _, run, sim = _loaded(tmp_path / "sgr")

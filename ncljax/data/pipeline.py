@@ -10,8 +10,11 @@ batches, the last one padded with masked copies of record 0 (``mask = False``,
 the records in the order ``permutation(seed, e)``; batch ``b`` of epoch ``e`` is the
 same whatever the number of devices or processes. Each process reads its contiguous
 slice of every global batch (``B / process_count`` records), and ``to_device``
-assembles the global array with a ``NamedSharding`` on the ``data`` axis. The iterator
-is Grain's, so its position is checkpointable (``get_state``/``set_state``).
+assembles the global array with a ``NamedSharding`` on the ``data`` axis. A resumed
+run does not restore an iterator: its checkpoint holds the epoch's index sets (the
+streams of every pass, ``ncljax.train.passes.encode_streams``), the pass and the step
+position within it, and the batches from there are rebuilt from the seed, so a resumed
+epoch walks the same batches.
 """
 
 from __future__ import annotations

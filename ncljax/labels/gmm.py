@@ -414,3 +414,16 @@ def check_division(
         separation=separation,
         lighter_weight=jnp.min(gmm.weights),
     )
+
+
+def fit_diagnostics(gmm: GaussianMixture1D, check: DivisionCheck, fallback: bool) -> dict:
+    """The logged facts of a division's fit: EM iterations, convergence, degeneracy, the
+    components' separation and whether the division fell back (``division_fallback``,
+    0 or 1)."""
+    return {
+        "gmm_iterations": gmm.n_iter,
+        "gmm_converged": gmm.converged,
+        "gmm_degenerate": gmm.degenerate,
+        "gmm_separation": check.separation,
+        "division_fallback": jnp.float32(fallback),
+    }

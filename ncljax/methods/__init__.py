@@ -5,8 +5,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 
-from ncljax.methods import baselines, gsc, ncr, pc2, srem, ugncl, uot_rcl
+from ncljax.methods import baselines, gsc, ncr, pc2, settings, srem, ugncl, uot_rcl
 from ncljax.methods.base import (
+    Aux,
     EpochPlan,
     InitContext,
     LossContext,
@@ -30,7 +31,7 @@ REGISTRY: dict[str, Callable[..., Method]] = {
 
 # A factory parameter of this name is not a hyperparameter: the trainer passes the run's
 # ``model`` config section to factories that declare it (a method that reads the head).
-MODEL_CONFIG = "model_config"
+MODEL_CONFIG = settings.MODEL_CONFIG
 
 # Methods whose models have image views (config field model.views); no other reads it.
 MULTI_VIEW = frozenset({"ugncl"})
@@ -72,6 +73,7 @@ def build_method(name: str, kwargs: Mapping | None = None, model_config=None) ->
 __all__ = [
     "MULTI_VIEW",
     "REGISTRY",
+    "Aux",
     "EpochPlan",
     "InitContext",
     "LossContext",

@@ -22,29 +22,9 @@ epoch as its ``EpochPlan`` says.
    ``rows`` are this network's per-sample memory rows gathered at ``batch['index']``,
    ``peer_rows`` those of its peer (the other network of a pair; with one network
    ``peer_rows is rows``; ``ctx.peer_rows`` holds the peer's rows at each of the
-   step's batches). ``aux`` may hold:
-
-   * ``metrics``: per-example values ``[B]`` to average and log;
-   * ``memory``: per-example rows to write back into ``memory.samples`` at
-     ``batch['index']`` (padding rows are never written);
-   * ``memory_at``: ``(index [M], rows)``: rows written into ``memory.samples`` at
-     explicit indices after ``memory`` (an index outside ``[0, N)`` is dropped; the
-     method keeps the indices of one write distinct), e.g. a method that reproduces a
-     reference code's writes at other keys;
-   * ``clean_estimate`` (``[B]`` in ``[0, 1]``) or ``clean_estimates`` (a dict of them,
-     e.g. one per retrieval direction): the method's per-pair beliefs that a pair is
-     clean, each scored against the true mask (precision and recall of ``> 0.5``) in
-     the logs only;
-   * ``noisy_estimates``: a dict of per-pair beliefs that a pair is *noisy* (e.g. a
-     method's noisy set), scored as ``step_noisy_precision_<name>`` (the share of truly
-     noisy pairs among those ``> 0.5``) and ``step_noisy_recall_<name>`` (the share of the
-     truly noisy pairs found), logs only;
-   * ``loss_weight`` (``[B]``, >= 0): how much each pair counts in the loss (a soft
-     label, a margin, a mask); the logs report the share of it on truly noisy pairs;
-   * ``pseudo_caption_index`` (int ``[B]``): for each pair, the row of the step's main
-     batch whose caption replaced its own (PC2's pseudo-captions); the logs report
-     ``pseudo_caption_accuracy``, the share of real pairs whose borrowed caption has the
-     class of the pair's image, where the dataset has classes (logs only).
+   step's batches). ``aux`` is an :class:`Aux` (memory writes, logged metrics and the
+   per-pair beliefs the trainer scores against the true mask, for the logs only); a
+   field it does not have is an error, never a silently dropped key.
 
    The trainer averages the per-example loss over the real pairs of the global batch
    (``loss_reduction='mean'``) or sums it (``'sum'``: the reference code of VSE++/NCR,
@@ -62,17 +42,36 @@ epoch as its ``EpochPlan`` says.
    refresh first, whether the networks train together or in turn, how many sequential
    optimiser updates a step makes and on which stream, optimiser resets, the epoch the
    learning-rate schedule reads, and whether the epoch may be selected as best.
-5. ``streams_fn(memory, epoch, network) -> Streams`` (optional) names the training pairs
+5. ``streams_fn(memory, plan, network) -> Streams`` (optional) names the training pairs
    a pass walks: a main stream (each pair once per epoch, shuffled) and an auxiliary
    stream cycled alongside it (reshuffled whenever exhausted); the step receives one
    batch of each. Called after the refresh, with the stacked memory of all networks
-   (leaves ``[K, N, ...]``), ``network`` the training network of an in-turn pass or
-   ``None`` in a together pass. Default: every pair, no auxiliary stream.
+   (leaves ``[K, N, ...]``), the epoch's ``EpochPlan`` (``plan_fn``'s decision: a
+   method never re-derives its phase from the epoch number), and ``network`` the
+   training network of an in-turn pass or ``None`` in a together pass. Default: every
+   pair, no auxiliary stream.
 6. ``prepare_fn(model, peer, batches, ctx) -> pytree`` (optional) is a no-grad,
    eval-mode pass shared by a step's updates, before the first of them: ``model`` is
    the training network, ``peer`` its peer (frozen in an in-turn pass; the network
    itself with one network), ``batches`` the step's batches (main first). Its result
    reaches ``loss_fn`` as ``ctx.prepared`` (e.g. NCR's co-rectified targets).
+7. ``step_metrics_fn(extra, batch, batches) -> {name: [2]}`` (optional) scores the
+   method's own ``Aux.extra`` for the logs, as ``(sum, count)`` pairs, in steps that
+   score against the truth (``batches``: the step's batches, main first); e.g. PC2's
+   share of pseudo-captions borrowed from the pair's own class.
+
+Methods as settings and pure functions
+--------------------------------------
+Each method module defines a frozen ``Settings`` NamedTuple (the factory's arguments,
+their defaults and their documentation), its range table ``CHECKS``
+(``ncljax.methods.settings``), and top-level functions that take the settings first
+(``plan(s, epoch)``, ``loss(s, outputs, batch, rows, peer_rows, ctx)``,
+``refresh(s, memory, stats, ctx)``, ...), importable and testable one by one. Its
+factory (``ncljax.methods.settings.factory``) checks the keyword arguments, builds the
+``Settings`` and binds them into the ``Method`` (``Method.settings`` keeps them), so a
+setting is followed from its config field to the code it changes by its name
+(``s.noisy_start_epoch``). NCR and PC2 share the co-teaching skeleton of
+``ncljax.methods.coteaching``.
 
 Epochs as plans
 ---------------
@@ -126,6 +125,8 @@ the phase its ``forward_fn`` sees in the trainer's statistics pass (eval mode).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -260,6 +261,43 @@ class Streams(NamedTuple):
     aux: Any = None
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Aux:
+    """What ``loss_fn`` returns besides the per-example loss (a pytree; every field optional).
+
+    Attributes:
+      metrics: per-example values ``[B]`` to average and log, by name.
+      memory: per-example rows to write back into ``memory.samples`` at
+        ``batch['index']`` (padding rows are never written).
+      memory_at: ``(index [M], rows)``: rows written into ``memory.samples`` at explicit
+        indices after ``memory`` (an index outside ``[0, N)`` is dropped; the method keeps
+        the indices of one write distinct), e.g. a method that reproduces a reference
+        code's writes at other keys; ``None``: no such write.
+      clean_estimate: ``[B]`` in ``[0, 1]``, the method's per-pair belief that a pair is
+        clean, scored against the true mask (precision and recall of ``> 0.5``) in the
+        logs only; ``None``: none.
+      clean_estimates: several such beliefs by name (e.g. one per retrieval direction),
+        logged as ``step_noise_precision_<name>`` and ``step_noise_recall_<name>``.
+      noisy_estimates: per-pair beliefs that a pair is *noisy* by name (e.g. a method's
+        noisy set), logged as ``step_noisy_precision_<name>`` (the share of truly noisy
+        pairs among those ``> 0.5``) and ``step_noisy_recall_<name>``.
+      loss_weight: ``[B]`` (>= 0): how much each pair counts in the loss (a soft label, a
+        margin, a mask); the logs report the share of it on truly noisy pairs.
+      extra: anything else the method wants scored for the logs, by its own
+        ``Method.step_metrics_fn`` (e.g. PC2's borrowed-caption rows).
+    """
+
+    metrics: dict[str, Array] = dataclasses.field(default_factory=dict)
+    memory: dict[str, Array] = dataclasses.field(default_factory=dict)
+    memory_at: tuple[Array, dict[str, Array]] | None = None
+    clean_estimate: Array | None = None
+    clean_estimates: dict[str, Array] = dataclasses.field(default_factory=dict)
+    noisy_estimates: dict[str, Array] = dataclasses.field(default_factory=dict)
+    loss_weight: Array | None = None
+    extra: PyTree = None
+
+
 def default_forward(model, batch, memory_state, *, train, rngs, phase, ctx=None):
     del memory_state, phase, ctx
     return model(batch, train=train, rngs=rngs)
@@ -275,8 +313,10 @@ class Method(NamedTuple):
     Attributes:
       name: registry name.
       init_memory: ``(InitContext) -> Memory`` for one network.
-      loss_fn: ``(outputs, batch, rows, peer_rows, ctx) -> (loss [B], aux)``.
-      forward_fn: ``(model, batch, memory_state, *, train, rngs, phase) -> outputs``.
+      loss_fn: ``(outputs, batch, rows, peer_rows, ctx) -> (loss [B], Aux)``.
+      forward_fn: ``(model, batch, memory_state, *, train, rngs, phase, ctx=None) ->
+        outputs`` (``ctx``: the update's ``LossContext`` in a train step, ``None`` in the
+        statistics pass).
       refresh_fn: per-epoch estimation, or ``None``.
       stats_fn: per-example statistics for ``refresh_fn``, or ``None``.
       plan_fn: ``epoch -> EpochPlan``.
@@ -296,16 +336,20 @@ class Method(NamedTuple):
         ``'mean'`` (arithmetic mean; every method but UGNCL) or ``'logmeanexp'``
         (``log(mean(exp(x)))``: UGNCL's mean of evidences from log-evidences).
       num_networks: 1, or 2 for dual-network methods.
-      streams_fn: ``(memory, epoch, network) -> Streams``, or ``None`` (all pairs).
+      streams_fn: ``(memory, plan, network) -> Streams``, or ``None`` (all pairs).
       prepare_fn: ``(model, peer, batches, ctx) -> pytree``, or ``None``.
       loss_reduction: ``'mean'`` (over the real pairs of the global batch) or ``'sum'``.
       heads_fn: ``(info, rngs) -> {name: nnx.Module}``, the method's own heads (see
         "Method heads"), or ``None``.
+      step_metrics_fn: ``(extra, batch, batches) -> {name: [2]}`` scores ``Aux.extra``
+        for the logs (``(sum, count)`` pairs), or ``None``.
+      settings: the method's frozen ``Settings`` (its checked hyperparameters), or
+        ``None`` for a bundle built by hand.
     """
 
     name: str
     init_memory: Callable[..., Memory]
-    loss_fn: Callable[..., tuple[Array, dict]]
+    loss_fn: Callable[..., tuple[Array, Aux]]
     forward_fn: Callable[..., dict] = default_forward
     refresh_fn: Callable[..., tuple[Memory, dict]] | None = None
     stats_fn: Callable[..., dict] | None = None
@@ -316,10 +360,42 @@ class Method(NamedTuple):
     eval_transform: Callable[[Array], Array] = _identity
     eval_pool: str = "mean"
     num_networks: int = 1
-    streams_fn: Callable[[Memory, int, int | None], Streams] | None = None
+    streams_fn: Callable[[Memory, EpochPlan, int | None], Streams] | None = None
     prepare_fn: Callable[..., PyTree] | None = None
     loss_reduction: str = "mean"
     heads_fn: Callable[..., dict] | None = None
+    step_metrics_fn: Callable[..., dict[str, Array]] | None = None
+    settings: Any = None
+
+
+# A method module's functions that take its settings first, by the ``Method`` field each
+# fills (``bind_module``).
+MODULE_FUNCTIONS = {
+    "init_memory": "init_memory",
+    "loss_fn": "loss",
+    "forward_fn": "forward",
+    "refresh_fn": "refresh",
+    "stats_fn": "stats",
+    "plan_fn": "plan",
+    "streams_fn": "streams",
+    "prepare_fn": "prepare",
+}
+
+
+def bind_module(name: str, module, s, **fields) -> Method:
+    """The ``Method`` of a method module with its settings ``s`` bound.
+
+    Each of the module's top-level functions named in ``MODULE_FUNCTIONS`` (``loss``,
+    ``plan``, ``refresh``, ...) fills its field with ``s`` bound as the first argument;
+    ``fields`` give the rest (``num_networks``, ``clean_score_fn``, ...) and override a
+    bound function where the module binds more than ``s`` (e.g. a compiled estimator).
+    """
+    bound = {
+        field: functools.partial(getattr(module, fn), s)
+        for field, fn in MODULE_FUNCTIONS.items()
+        if field not in fields and callable(getattr(module, fn, None))
+    }
+    return Method(name=name, **bound, **fields, settings=s)
 
 
 def empty_memory(ctx: InitContext) -> Memory:

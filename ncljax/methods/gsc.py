@@ -26,13 +26,19 @@ With the cosine head the intra-modal similarities are the cosines of the image (
 embeddings: a deviation the spec names as the natural port (``gsc.md`` Sec. 8, item 1);
 the similarities then lie in ``[-1, 1]`` rather than ``(0, 1)``.
 
-Spec: ``gsc.md`` of the ncljax specs; its code-vs-paper choices are arguments below.
+Spec: ``gsc.md`` of the ncljax specs; its code-vs-paper choices are the fields of
+:class:`Settings`. The module is GSC's settings and pure functions (:func:`plan`,
+:func:`forward`, :func:`loss`, :func:`refresh`, ...); :func:`bind` makes the bundle
+and :func:`gsc` is the registry's factory.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,29 +57,10 @@ _BUFFERS = (
 )
 
 
-def gsc(
-    *,
-    cross_temperature: float = 0.07,
-    intra_temperature: float = 1.0,
-    intra_weight: float = 0.01,
-    cross_momentum: float = 0.7,
-    intra_momentum: float = 0.7,
-    intra_row_weight: bool = True,
-    warmup_epochs: int = 0,
-    warmup_loss: str = "unit_labels",
-    exchange_labels: bool = True,
-    recompute_global: bool = True,
-    text_structure: str = "attention",
-    gmm_max_iter: int = 10,
-    gmm_tol: float = 1e-2,
-    gmm_reg_covar: float = 5e-4,
-    num_networks: int = 2,
-    division_min_weight: float = 0.01,
-    division_min_separation: float = 0.1,
-) -> base.Method:
-    """GSC as a method bundle.
+class Settings(NamedTuple):
+    """GSC's hyperparameters (``config.method_kwargs``): the factory's arguments.
 
-    Args:
+    Attributes:
       cross_temperature: ``tau_1`` of the cross-modal InfoNCE and indicator (0.07).
       intra_temperature: ``tau_2`` of the structure-alignment loss (1.0).
       intra_weight: ``gamma`` (``lambda``) of the intra-modal loss (0.01; the official
@@ -128,170 +115,258 @@ def gsc(
     min-max normalised scores, both in ``[0, 1]``), weights rather than a cut, and the
     temperatures are the losses' hyperparameters; it has no ``calibration`` switch.
     """
-    settings.check(
+
+    cross_temperature: float = 0.07
+    intra_temperature: float = 1.0
+    intra_weight: float = 0.01
+    cross_momentum: float = 0.7
+    intra_momentum: float = 0.7
+    intra_row_weight: bool = True
+    warmup_epochs: int = 0
+    warmup_loss: str = "unit_labels"
+    exchange_labels: bool = True
+    recompute_global: bool = True
+    text_structure: str = "attention"
+    gmm_max_iter: int = 10
+    gmm_tol: float = 1e-2
+    gmm_reg_covar: float = 5e-4
+    num_networks: int = 2
+    division_min_weight: float = 0.01
+    division_min_separation: float = 0.1
+
+
+CHECKS = {
+    "cross_temperature": settings.POSITIVE,
+    "intra_temperature": settings.POSITIVE,
+    "intra_weight": settings.NON_NEGATIVE,
+    # The weight of the new estimate: 1 is the "w/o temporal ensembling" ablation.
+    "cross_momentum": settings.UNIT_INTERVAL,
+    "intra_momentum": settings.UNIT_INTERVAL,
+    "intra_row_weight": settings.BOOLEAN,
+    "warmup_epochs": settings.NON_NEGATIVE_INT,
+    "warmup_loss": settings.one_of("unit_labels", "infonce_i2t"),
+    "exchange_labels": settings.BOOLEAN,
+    "recompute_global": settings.BOOLEAN,
+    "text_structure": settings.one_of("attention", "aligned"),
+    "gmm_max_iter": settings.POSITIVE_INT,
+    "gmm_tol": settings.NON_NEGATIVE,
+    "gmm_reg_covar": settings.NON_NEGATIVE,
+    "num_networks": settings.NUM_NETWORKS,
+    "division_min_weight": settings.DIVISION_MIN_WEIGHT,
+    "division_min_separation": settings.NON_NEGATIVE,
+}
+
+
+def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+    """Every per-sample buffer at 1 (epoch 0 trains with all labels 1); no state."""
+    del s
+    ones = jnp.ones(ctx.num_samples, jnp.float32)
+    return base.Memory(samples={name: ones for name in _BUFFERS}, state={})
+
+
+def plan(s: Settings, epoch: int) -> base.EpochPlan:
+    """``warmup_epochs`` warm-up epochs, then the purified training; the labels are
+    re-estimated before every main epoch but the first (its buffers are still empty)."""
+    return base.EpochPlan(
+        phase=_WARMUP if epoch < s.warmup_epochs else _MAIN, refresh=epoch > s.warmup_epochs
+    )
+
+
+def needs_intra(s: Settings, phase: int) -> bool:
+    """Whether a training step of ``phase`` needs the intra-modal similarities."""
+    return phase == _MAIN or s.warmup_loss == "unit_labels"
+
+
+def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=None):
+    """The model's outputs, with ``sim_image`` and ``sim_text`` (:func:`intra_similarities`)
+    in the training steps that need them."""
+    del memory_state, ctx
+    outputs = model(batch, train=train, rngs=rngs)
+    if train and needs_intra(s, phase):
+        outputs["sim_image"], outputs["sim_text"] = intra_similarities(
+            model, outputs, rngs=rngs, recompute=s.recompute_global, text_form=s.text_structure
+        )
+    return outputs
+
+
+def warmup_loss(s: Settings, outputs, mask: jax.Array) -> jax.Array:
+    """The warm-up objective ``[B]``: image-to-text InfoNCE at ``tau_1``
+    (``'infonce_i2t'``), or the full objective with every label 1 (``'unit_labels'``)."""
+    sim = outputs["sim"]
+    if s.warmup_loss == "infonce_i2t":
+        return losses.info_nce(sim / s.cross_temperature, where=mask)
+    unit = jnp.ones_like(mask, dtype=sim.dtype)
+    return losses.gsc_loss(
+        sim,
+        outputs["sim_image"],
+        outputs["sim_text"],
+        unit,
+        where=mask,
+        cross_temperature=s.cross_temperature,
+        intra_temperature=s.intra_temperature,
+        intra_weight=s.intra_weight,
+        row_weight=s.intra_row_weight,
+    )
+
+
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """``L_CM + gamma L_IM`` ``[B]`` with the labels ``y`` of the peer (``exchange_labels``)
+    or of this network (Eqs. 6-9); writes this step's cross-modal indicators (Eq. 3) and
+    intra-modal scores (Eq. 8) into the buffers ``cross`` and ``intra``, and logs the
+    network's own labels as its clean estimate. Warm-up: :func:`warmup_loss`, no writes.
+    """
+    mask = batch["mask"]
+    if ctx.phase == _WARMUP:
+        return warmup_loss(s, outputs, mask), base.Aux()
+    sim = outputs["sim"]
+    y = (peer_rows if s.exchange_labels else rows)["labels"]
+    sim_image, sim_text = outputs["sim_image"], outputs["sim_text"]
+    cross = losses.gsc_cross_modal_loss(sim, y, temperature=s.cross_temperature, where=mask)
+    intra = losses.gsc_intra_modal_loss(
+        sim_image,
+        sim_text,
+        y,
+        temperature=s.intra_temperature,
+        row_weight=s.intra_row_weight,
+        where=mask,
+    )
+    indicator = labels_lib.gsc_cross_modal_indicator(
+        sim, temperature=s.cross_temperature, where=mask
+    )
+    score = labels_lib.gsc_intra_modal_score(sim_image, sim_text, y, where=mask)
+    metrics = {
+        "loss_cross": cross,
+        "loss_intra": intra,
+        "train_label": y,
+        "cross_indicator": indicator,
+        "intra_score": score,
+    }
+    aux = base.Aux(
+        metrics=metrics,
+        memory={"cross": indicator, "intra": score},
+        clean_estimate=rows["labels"],
+    )
+    return cross + s.intra_weight * intra, aux
+
+
+def update_labels(s: Settings, ema_cross, ema_intra, cross, intra):
+    """The per-epoch estimate (Eqs. 4, 10, 5; ``ncljax.labels.gsc_update_labels``) with
+    the settings' momenta and GMM options: ``(GSCLabels, GMM fit)``."""
+    return labels_lib.gsc_update_labels(
+        ema_cross,
+        ema_intra,
+        cross,
+        intra,
+        cross_momentum=s.cross_momentum,
+        intra_momentum=s.intra_momentum,
+        max_iter=s.gmm_max_iter,
+        tol=s.gmm_tol,
+        reg_covar=s.gmm_reg_covar,
+    )
+
+
+def label_updater(s: Settings) -> Callable:
+    """:func:`update_labels` with ``s`` bound, jitted (one compiled function per bundle)."""
+    return jax.jit(functools.partial(update_labels, s))
+
+
+def _degeneracy(mixture, check) -> tuple[str, str]:
+    """What was degenerate in an epoch's intra-modal estimate, and how, for the warning."""
+    if bool(mixture.degenerate):
+        return "intra-modal scores", "are all equal (no two clusters for the GMM)"
+    if bool(check.one_set):
+        return "intra-modal GMM", "puts every pair on one side of 0.5"
+    separation, weight = float(check.separation), float(check.lighter_weight)
+    return (
+        "intra-modal GMM",
+        (
+            f"separates nothing (components {separation:.3f} standard deviations "
+            f"apart, the lighter one of weight {weight:.4f})"
+        ),
+    )
+
+
+def _refresh_diagnostics(mixture, check, fallback: bool, labels: jax.Array) -> dict:
+    """The refresh's logged values: the GMM fit, the fallback flag and the new labels."""
+    return {
+        "gmm_weight_low": mixture.weights[0],
+        "gmm_weight_high": mixture.weights[1],
+        "gmm_mean_low": mixture.means[0],
+        "gmm_mean_high": mixture.means[1],
+        "gmm_var_low": mixture.variances[0],
+        "gmm_var_high": mixture.variances[1],
+        **gmm_lib.fit_diagnostics(mixture, check, fallback),
+        "label_mean": labels.mean(),
+        "label_clean_fraction": (labels > 0.5).mean(),
+    }
+
+
+def refresh(s: Settings, memory, stats, ctx, *, update_fn: Callable | None = None):
+    """The labels of the next epoch from this epoch's buffers (Eqs. 4, 10, 5).
+
+    A degenerate intra-modal division (``ncljax.labels.gmm.check_division``) keeps the
+    previous ensembles and labels, with a warning naming the network and the epoch.
+
+    Args:
+      s: the settings.
+      memory: this network's memory (buffers ``cross``, ``intra`` and the ensembles).
+      stats: unused (the buffers were written by the training steps).
+      ctx: the ``RefreshContext`` (its ``network`` and ``epoch`` name a fallback).
+      update_fn: :func:`label_updater`'s result (a bundle compiles it once); ``None``
+        builds it.
+
+    Returns:
+      ``(memory, diagnostics)``.
+    """
+    del stats
+    update_fn = label_updater(s) if update_fn is None else update_fn
+    samples = memory.samples
+    new, mixture = update_fn(
+        samples["ema_cross"], samples["ema_intra"], samples["cross"], samples["intra"]
+    )
+    check = gmm_lib.check_division(
+        new.intra_normalised,
+        new.intra_posterior,
+        mixture,
+        min_weight=s.division_min_weight,
+        min_separation=s.division_min_separation,
+    )
+    fallback = bool(check.degenerate)
+    if fallback:
+        what, how = _degeneracy(mixture, check)
+        logging.warning(
+            "gsc: network %d's %s of epoch %d %s; fallback: keeping its previous labels.",
+            ctx.network,
+            what,
+            ctx.epoch,
+            how,
+        )
+        keep = ("ema_cross", "ema_intra", "labels")
+        new = new._replace(**{name: samples[name] for name in keep})
+    samples = dict(samples, **new._asdict())
+    diagnostics = _refresh_diagnostics(mixture, check, fallback, new.labels)
+    return base.Memory(samples=samples, state=memory.state), diagnostics
+
+
+def clean_score(memory: base.Memory) -> jax.Array:
+    """Each pair's clean score for the noise-detection metrics: its current label."""
+    return memory.samples["labels"]
+
+
+def bind(s: Settings) -> base.Method:
+    """GSC's bundle with the settings ``s`` bound."""
+    return base.bind_module(
         "gsc",
-        locals(),
-        {
-            "cross_temperature": settings.POSITIVE,
-            "intra_temperature": settings.POSITIVE,
-            "intra_weight": settings.NON_NEGATIVE,
-            # The weight of the new estimate: 1 is the "w/o temporal ensembling" ablation.
-            "cross_momentum": settings.UNIT_INTERVAL,
-            "intra_momentum": settings.UNIT_INTERVAL,
-            "intra_row_weight": settings.BOOLEAN,
-            "warmup_epochs": settings.NON_NEGATIVE_INT,
-            "warmup_loss": settings.one_of("unit_labels", "infonce_i2t"),
-            "exchange_labels": settings.BOOLEAN,
-            "recompute_global": settings.BOOLEAN,
-            "text_structure": settings.one_of("attention", "aligned"),
-            "gmm_max_iter": settings.POSITIVE_INT,
-            "gmm_tol": settings.NON_NEGATIVE,
-            "gmm_reg_covar": settings.NON_NEGATIVE,
-            "num_networks": settings.NUM_NETWORKS,
-            "division_min_weight": settings.DIVISION_MIN_WEIGHT,
-            "division_min_separation": settings.NON_NEGATIVE,
-        },
-    )
-    objective = functools.partial(
-        losses.gsc_loss,
-        cross_temperature=cross_temperature,
-        intra_temperature=intra_temperature,
-        intra_weight=intra_weight,
-        row_weight=intra_row_weight,
-    )
-    needs_intra = lambda phase: phase == _MAIN or warmup_loss == "unit_labels"
-
-    def init_memory(ctx: base.InitContext) -> base.Memory:
-        ones = jnp.ones(ctx.num_samples, jnp.float32)
-        return base.Memory(samples={name: ones for name in _BUFFERS}, state={})
-
-    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
-        del memory_state, ctx
-        outputs = model(batch, train=train, rngs=rngs)
-        if train and needs_intra(phase):
-            outputs["sim_image"], outputs["sim_text"] = intra_similarities(
-                model, outputs, rngs=rngs, recompute=recompute_global, text_form=text_structure
-            )
-        return outputs
-
-    def loss_fn(outputs, batch, rows, peer_rows, ctx):
-        mask = batch["mask"]
-        sim = outputs["sim"]
-        if ctx.phase == _WARMUP:
-            if warmup_loss == "infonce_i2t":
-                return losses.info_nce(sim / cross_temperature, where=mask), {}
-            unit = jnp.ones_like(mask, dtype=sim.dtype)
-            loss = objective(sim, outputs["sim_image"], outputs["sim_text"], unit, where=mask)
-            return loss, {}
-        y = (peer_rows if exchange_labels else rows)["labels"]
-        sim_image, sim_text = outputs["sim_image"], outputs["sim_text"]
-        cross = losses.gsc_cross_modal_loss(sim, y, temperature=cross_temperature, where=mask)
-        intra = losses.gsc_intra_modal_loss(
-            sim_image,
-            sim_text,
-            y,
-            temperature=intra_temperature,
-            row_weight=intra_row_weight,
-            where=mask,
-        )
-        indicator = labels_lib.gsc_cross_modal_indicator(
-            sim, temperature=cross_temperature, where=mask
-        )
-        score = labels_lib.gsc_intra_modal_score(sim_image, sim_text, y, where=mask)
-        metrics = {
-            "loss_cross": cross,
-            "loss_intra": intra,
-            "train_label": y,
-            "cross_indicator": indicator,
-            "intra_score": score,
-        }
-        aux = {
-            "metrics": metrics,
-            "memory": {"cross": indicator, "intra": score},
-            "clean_estimate": rows["labels"],
-        }
-        return cross + intra_weight * intra, aux
-
-    update = jax.jit(
-        functools.partial(
-            labels_lib.gsc_update_labels,
-            cross_momentum=cross_momentum,
-            intra_momentum=intra_momentum,
-            max_iter=gmm_max_iter,
-            tol=gmm_tol,
-            reg_covar=gmm_reg_covar,
-        )
-    )
-
-    def refresh_fn(memory, stats, ctx):
-        del stats
-        s = memory.samples
-        new, mixture = update(s["ema_cross"], s["ema_intra"], s["cross"], s["intra"])
-        check = gmm_lib.check_division(
-            new.intra_normalised,
-            new.intra_posterior,
-            mixture,
-            min_weight=division_min_weight,
-            min_separation=division_min_separation,
-        )
-        fallback = bool(check.degenerate)
-        if fallback:
-            if bool(mixture.degenerate):
-                what = "intra-modal scores", "are all equal (no two clusters for the GMM)"
-            elif bool(check.one_set):
-                what = "intra-modal GMM", "puts every pair on one side of 0.5"
-            else:
-                separation, weight = float(check.separation), float(check.lighter_weight)
-                what = (
-                    "intra-modal GMM",
-                    (
-                        f"separates nothing (components {separation:.3f} standard deviations "
-                        f"apart, the lighter one of weight {weight:.4f})"
-                    ),
-                )
-            logging.warning(
-                "gsc: network %d's %s of epoch %d %s; fallback: keeping its previous labels.",
-                ctx.network,
-                what[0],
-                ctx.epoch,
-                what[1],
-            )
-            keep = ("ema_cross", "ema_intra", "labels")
-            new = new._replace(**{name: s[name] for name in keep})
-        samples = dict(s, **new._asdict())
-        diagnostics = {
-            "gmm_weight_low": mixture.weights[0],
-            "gmm_weight_high": mixture.weights[1],
-            "gmm_mean_low": mixture.means[0],
-            "gmm_mean_high": mixture.means[1],
-            "gmm_var_low": mixture.variances[0],
-            "gmm_var_high": mixture.variances[1],
-            "gmm_iterations": mixture.n_iter,
-            "gmm_converged": mixture.converged,
-            "gmm_degenerate": mixture.degenerate,
-            "gmm_separation": check.separation,
-            "division_fallback": jnp.float32(fallback),
-            "label_mean": new.labels.mean(),
-            "label_clean_fraction": (new.labels > 0.5).mean(),
-        }
-        return base.Memory(samples=samples, state=memory.state), diagnostics
-
-    def plan_fn(epoch):
-        return base.EpochPlan(
-            phase=_WARMUP if epoch < warmup_epochs else _MAIN, refresh=epoch > warmup_epochs
-        )
-
-    return base.Method(
-        name="gsc",
-        init_memory=init_memory,
-        loss_fn=loss_fn,
-        forward_fn=forward_fn,
-        refresh_fn=refresh_fn,
-        plan_fn=plan_fn,
-        clean_score_fn=lambda memory: memory.samples["labels"],
+        sys.modules[__name__],
+        s,
+        refresh_fn=functools.partial(refresh, s, update_fn=label_updater(s)),
+        clean_score_fn=clean_score,
         diagnostic_scores_fn=diagnostic_scores,
-        num_networks=num_networks,
+        num_networks=s.num_networks,
     )
+
+
+gsc = settings.factory("gsc", Settings, CHECKS, bind)
 
 
 def intra_similarities(

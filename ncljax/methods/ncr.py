@@ -40,55 +40,34 @@ caption ``j``; ``ncljax.labels.ncr.rectified_label_matrix``).
 
 from __future__ import annotations
 
-import functools
-import logging
+import dataclasses
+import sys
 
+import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ncljax import labels as labels_lib
 from ncljax import losses
-from ncljax.labels import gmm as gmm_lib
 from ncljax.labels import ncr as ncr_labels
-from ncljax.methods import base, settings
+from ncljax.methods import base, coteaching, settings
 
-WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
-CLEAN_NOISY = base.MAIN + 1  # co-training with both updates
+WARMUP, CLEAN = coteaching.WARMUP, coteaching.MAIN  # warm-up; co-training, clean update only
+CLEAN_NOISY = coteaching.SECOND  # co-training with both updates
 _MARGINS = ("exponential", "linear", "sin")
 TARGET_PREDICTIONS = ("pair", "broadcast")  # the clean targets: Eq. 6, the code's B x B
 
 
-def ncr(
-    *,
-    margin: float = 0.2,
-    soft_margin: str = "exponential",
-    warmup_epochs: int = 5,
-    noisy_start_epoch: int = 20,
-    threshold: float = 0.5,
-    gmm_max_iter: int = 10,
-    gmm_tol: float = 1e-2,
-    gmm_reg_covar: float = 5e-4,
-    margin_of: str = "positive",
-    target_prediction: str = "pair",
-    loss_reduction: str = "sum",
-    num_networks: int = 2,
-    division_min_weight: float = 0.01,
-    division_min_separation: float = 0.1,
-) -> base.Method:
-    """NCR as a method bundle.
+@dataclasses.dataclass(frozen=True)
+class Settings(coteaching.Settings):
+    """NCR's hyperparameters (``config.method_kwargs``): the co-teaching settings
+    (``ncljax.methods.coteaching.Settings``: ``margin``, ``warmup_epochs``, ``threshold``,
+    the GMM's and its degeneracy checks', ``loss_reduction``) and:
 
-    Args:
-      margin: ``alpha`` of every hinge loss (0.2).
+    Attributes:
       soft_margin: ``'exponential'`` (``alpha (10^y - 1) / 9``, the official default),
         ``'linear'`` (``alpha y``) or ``'sin'`` (in the official code, not in the paper).
-      warmup_epochs: warm-up epochs before co-training (official scripts: 5 on F30K, 10 on
-        COCO and CC152K).
       noisy_start_epoch: first co-training epoch (counted from the end of the warm-up)
         with the second update on the noisy batch; the official ``num_epochs // 2``.
-      threshold: clean split of the GMM posterior (0.5).
-      gmm_max_iter: EM iterations of the per-epoch GMM (10).
-      gmm_tol: EM tolerance (1e-2).
-      gmm_reg_covar: GMM variance floor (5e-4).
       margin_of: whose soft margin a hinge term uses: ``'positive'`` (its own pair's, the
         paper's Eq. 5) or ``'image'`` (the official code: the t2i term of caption ``b``
         against image ``i`` uses image ``i``'s margin).
@@ -97,13 +76,7 @@ def ncr(
         image ``i``'s probability with caption ``j``'s prediction, one soft margin per
         image-caption pairing in both directions; ``margin_of`` then applies to the noisy
         batch only).
-      loss_reduction: ``'sum'`` over the batch (the official code; with clipping at 2.0
-        this is not the same as a mean) or ``'mean'``.
       num_networks: 2 (NCR), or 1: a single network trained on its own division.
-      division_min_weight: a GMM component lighter than this makes the division
-        degenerate (``ncljax.labels.gmm.check_division``; 0.01).
-      division_min_separation: component means closer than this many standard
-        deviations of the normalised losses make the division degenerate (0.1).
 
     Degenerate divisions: a co-divide that puts every pair on one side of ``threshold``
     (every posterior above it, or none), or whose mixture separates nothing (fewer than
@@ -120,196 +93,118 @@ def ncr(
     tenth, and ``margin`` is the hinge loss's hyperparameter; it has no ``calibration``
     switch.
     """
-    settings.check(
-        "ncr",
-        locals(),
-        {
-            "margin": settings.NON_NEGATIVE,
-            "soft_margin": settings.one_of(*_MARGINS),
-            "warmup_epochs": settings.NON_NEGATIVE_INT,
-            "noisy_start_epoch": settings.NON_NEGATIVE_INT,
-            "threshold": settings.UNIT_INTERVAL,  # a split of GMM posteriors
-            "gmm_max_iter": settings.POSITIVE_INT,
-            "gmm_tol": settings.NON_NEGATIVE,
-            "gmm_reg_covar": settings.NON_NEGATIVE,
-            "margin_of": settings.one_of("positive", "image"),
-            "target_prediction": settings.noted(
-                settings.one_of(*TARGET_PREDICTIONS),
-                "'broadcast' is the official code's B x B labels and replaces 'first'",
-            ),
-            "loss_reduction": settings.LOSS_REDUCTIONS,
-            "num_networks": settings.NUM_NETWORKS,
-            "division_min_weight": settings.DIVISION_MIN_WEIGHT,
-            "division_min_separation": settings.NON_NEGATIVE,
-        },
+
+    soft_margin: str = "exponential"
+    noisy_start_epoch: int = 20
+    margin_of: str = "positive"
+    target_prediction: str = "pair"
+    num_networks: int = 2
+
+
+CHECKS = {
+    **coteaching.CHECKS,
+    "soft_margin": settings.one_of(*_MARGINS),
+    "noisy_start_epoch": settings.NON_NEGATIVE_INT,
+    "margin_of": settings.one_of("positive", "image"),
+    "target_prediction": settings.noted(
+        settings.one_of(*TARGET_PREDICTIONS),
+        "'broadcast' is the official code's B x B labels and replaces 'first'",
+    ),
+    "num_networks": settings.NUM_NETWORKS,
+}
+
+
+def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+    """The co-teaching division memory (``coteaching.init_samples``)."""
+    del s
+    return base.Memory(samples=coteaching.init_samples(ctx.num_samples), state={})
+
+
+def plan(s: Settings, epoch: int) -> base.EpochPlan:
+    """Warm-up epochs, then co-training; the noisy update from co-training epoch
+    ``noisy_start_epoch`` on (phase ``CLEAN_NOISY``)."""
+    return coteaching.plan(s, epoch, second=epoch - s.warmup_epochs >= s.noisy_start_epoch)
+
+
+def streams(s: Settings, memory, plan: base.EpochPlan, network: int) -> base.Streams:
+    """The peer's clean set, with its noisy set alongside (``coteaching.streams``)."""
+    del s
+    return coteaching.streams(memory, plan, network)
+
+
+def predict(s: Settings, net, batch) -> jax.Array:
+    """A network's correspondence prediction ``P`` of each pair of ``batch`` (eval mode)."""
+    sim = net(batch, train=False)["sim"]
+    return labels_lib.correspondence_prediction(sim, where=batch["mask"], margin=s.margin)
+
+
+def prepare(s: Settings, model, peer, batches, ctx) -> dict:
+    """The no-grad predictions shared by a step's updates: the training network's on the
+    clean batch and, with the noisy update, both networks' mean on the noisy batch."""
+    if ctx.phase == WARMUP:
+        return {}
+    out = {"clean": predict(s, model, batches[0])}
+    if ctx.phase == CLEAN_NOISY:
+        noisy = batches[1]
+        out["noisy"] = (predict(s, model, noisy) + predict(s, peer, noisy)) / 2
+    return out
+
+
+def clean_targets(s: Settings, prob, prediction) -> jax.Array:
+    """The co-rectified clean targets: Eq. 6 per pair, or the code's ``[B, B]`` matrix."""
+    if s.target_prediction == "broadcast":
+        return ncr_labels.rectified_label_matrix(prob, prediction)
+    return labels_lib.rectified_labels(prob, prediction)
+
+
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """Warm-up: the mean-negative hinge. Update 0: the hardest-negative hinge with the soft
+    margins of the peer's clean set's co-rectified targets (the warm-up objective while
+    the peer has no division). Update 1: the same on the noisy batch's targets."""
+    del rows
+    sim, mask = outputs["sim"], batch["mask"]
+    if ctx.phase == WARMUP:
+        return coteaching.warmup_loss(s, sim, mask), base.Aux()
+    if ctx.update == 0:  # the peer's clean set, co-rectified
+        targets = clean_targets(s, peer_rows["prob"], ctx.prepared["clean"])
+        name = "clean"
+    else:  # the peer's noisy set, co-rectified by both networks
+        targets = ctx.prepared["noisy"]
+        name = "noisy"
+    margins = losses.soft_margin(targets, s.margin, kind=s.soft_margin)
+    matrix = margins.ndim == 2  # a margin per pairing: margin_of does not apply
+    per_pair = losses.triplet_hardest(
+        sim, margins, where=mask, margin_of="positive" if matrix else s.margin_of
     )
-    predict = functools.partial(labels_lib.correspondence_prediction, margin=margin)
-    divide = functools.partial(
-        labels_lib.loss_division,
-        threshold=threshold,
-        max_iter=gmm_max_iter,
-        tol=gmm_tol,
-        reg_covar=gmm_reg_covar,
+    if ctx.update == 0:
+        per_pair = coteaching.unless_undivided(s, per_pair, sim, peer_rows, mask)
+    if matrix:  # the logs score each pair's own entry (Eq. 6's target and margin)
+        targets, margins = jnp.diagonal(targets), jnp.diagonal(margins)
+    aux = base.Aux(
+        metrics={f"target_{name}": targets, f"loss_{name}": per_pair},
+        clean_estimates={name: targets},
+        loss_weight=margins,
     )
+    return per_pair, aux
 
-    def init_memory(ctx: base.InitContext) -> base.Memory:
-        ones = jnp.ones(ctx.num_samples, jnp.float32)
-        zeros = jnp.zeros(ctx.num_samples, jnp.float32)
-        samples = {"prob": ones, "clean": ones, "loss": zeros, "loss_raw": zeros}
-        samples["divided"] = zeros  # 1 once the network has a non-degenerate division
-        return base.Memory(samples=samples, state={})
 
-    def plan_fn(epoch: int) -> base.EpochPlan:
-        if epoch < warmup_epochs:
-            return base.EpochPlan(
-                phase=WARMUP, in_turn=True, lr_epoch=0, selectable=False, min_batch=2
-            )
-        e = epoch - warmup_epochs
-        noisy = e >= noisy_start_epoch
-        return base.EpochPlan(
-            phase=CLEAN_NOISY if noisy else CLEAN,
-            refresh=True,
-            in_turn=True,
-            updates=(0, 1) if noisy else (0,),
-            lr_epoch=e,
-            min_batch=2,
-        )
+def stats(s: Settings, outputs, batch) -> dict:
+    """The co-divide's per-pair loss: the warm-up objective, in eval mode."""
+    return {"loss": coteaching.warmup_loss(s, outputs["sim"], batch["mask"])}
 
-    def streams_fn(memory, epoch, network):
-        if epoch < warmup_epochs:
-            return base.Streams()
-        peer = (network + 1) % num_networks
-        clean = np.asarray(memory.samples["clean"][peer]) > 0.5
-        return base.Streams(main=np.flatnonzero(clean), aux=np.flatnonzero(~clean))
 
-    def prepare_fn(model, peer, batches, ctx):
-        if ctx.phase == WARMUP:
-            return {}
-
-        def prediction(net, batch):
-            sim = net(batch, train=False)["sim"]
-            return predict(sim, where=batch["mask"])
-
-        out = {"clean": prediction(model, batches[0])}
-        if ctx.phase == CLEAN_NOISY:
-            noisy = batches[1]
-            out["noisy"] = (prediction(model, noisy) + prediction(peer, noisy)) / 2
-        return out
-
-    def loss_fn(outputs, batch, rows, peer_rows, ctx):
-        sim, mask = outputs["sim"], batch["mask"]
-        if ctx.phase == WARMUP:
-            return losses.triplet_mean(sim, margin, where=mask), {}
-        if ctx.update == 0:  # the peer's clean set, co-rectified
-            undivided = peer_rows["divided"] < 0.5  # the peer has no division yet: fallback
-            own, prob = ctx.prepared["clean"], peer_rows["prob"]
-            if target_prediction == "broadcast":
-                targets = ncr_labels.rectified_label_matrix(prob, own)  # [B, B]
-            else:
-                targets = labels_lib.rectified_labels(prob, own)
-            name = "clean"
-        else:  # the peer's noisy set, co-rectified by both networks
-            targets = ctx.prepared["noisy"]
-            name = "noisy"
-        margins = losses.soft_margin(targets, margin, kind=soft_margin)
-        matrix = margins.ndim == 2  # a margin per pairing: margin_of does not apply
-        loss = losses.triplet_hardest(
-            sim, margins, where=mask, margin_of="positive" if matrix else margin_of
-        )
-        if ctx.update == 0:
-            loss = jnp.where(undivided, losses.triplet_mean(sim, margin, where=mask), loss)
-        if matrix:  # the logs score each pair's own entry (Eq. 6's target and margin)
-            targets, margins = jnp.diagonal(targets), jnp.diagonal(margins)
-        aux = {
-            "metrics": {f"target_{name}": targets, f"loss_{name}": loss},
-            "clean_estimates": {name: targets},
-            "loss_weight": margins,
-        }
-        return loss, aux
-
-    def stats_fn(outputs, batch):
-        return {"loss": losses.triplet_mean(outputs["sim"], margin, where=batch["mask"])}
-
-    def refresh_fn(memory, stats, ctx):
-        division = divide(stats["loss"])
-        gmm = division.gmm
-        check = gmm_lib.check_division(
-            division.normalised,
-            division.prob,
-            gmm,
-            threshold=threshold,
-            min_weight=division_min_weight,
-            min_separation=division_min_separation,
-        )
-        samples = dict(
-            memory.samples,
-            loss=division.normalised.astype(jnp.float32),
-            loss_raw=jnp.asarray(stats["loss"], jnp.float32),
-        )
-        fallback = bool(check.degenerate)
-        if fallback:
-            warn_division_fallback("ncr", ctx, check, samples["divided"])
-        else:
-            samples.update(
-                prob=division.prob.astype(jnp.float32),
-                clean=division.clean.astype(jnp.float32),
-                divided=jnp.ones_like(samples["divided"]),
-            )
-        diagnostics = {
-            "gmm_mean_clean": gmm.means[0],
-            "gmm_mean_noisy": gmm.means[1],
-            "gmm_weight_clean": gmm.weights[0],
-            "gmm_iterations": gmm.n_iter,
-            "gmm_converged": gmm.converged,
-            "gmm_degenerate": gmm.degenerate,
-            "gmm_separation": check.separation,
-            "division_fallback": jnp.float32(fallback),
-            "clean_fraction": samples["clean"].mean(),
-            "prob_mean": samples["prob"].mean(),
-        }
-        return base.Memory(samples=samples, state=memory.state), diagnostics
-
-    return base.Method(
-        name="ncr",
-        init_memory=init_memory,
-        loss_fn=loss_fn,
-        refresh_fn=refresh_fn,
-        stats_fn=stats_fn,
-        plan_fn=plan_fn,
-        clean_score_fn=lambda memory: memory.samples["prob"],
-        diagnostic_scores_fn=diagnostic_scores,
-        num_networks=num_networks,
-        streams_fn=streams_fn,
-        prepare_fn=prepare_fn,
-        loss_reduction=loss_reduction,
+def refresh(s: Settings, memory, stats, ctx):
+    """The co-divide (``coteaching.co_divide``) and its diagnostics."""
+    samples, division, checked, fallback = coteaching.co_divide(
+        s, "ncr", memory.samples, stats["loss"], ctx
     )
+    diagnostics = coteaching.division_diagnostics(division, checked, fallback, samples)
+    return base.Memory(samples=samples, state=memory.state), diagnostics
 
 
-def warn_division_fallback(name: str, ctx, check, divided) -> None:
-    """Logs a degenerate co-divide and the fallback taken (NCR and PC2), once per refresh.
-
-    Args:
-      name: the method's name.
-      ctx: the ``RefreshContext``.
-      check: the co-divide's ``ncljax.labels.gmm.DivisionCheck``.
-      divided: ``[N]`` the network's ``divided`` memory (any 1: a previous division).
-    """
-    if bool(check.inseparable) and float(check.separation) == 0.0:
-        what = "per-pair losses of epoch %d are all equal (no two clusters for the GMM)"
-    elif bool(check.one_set):
-        what = "co-divide of epoch %d puts every pair on one side of the threshold"
-    else:
-        what = (
-            "co-divide of epoch %d separates nothing (GMM components "
-            f"{float(check.separation):.3f} standard deviations apart, the lighter one "
-            f"of weight {float(check.lighter_weight):.4f})"
-        )
-    rule = (
-        "keeping its previous division"
-        if bool(jnp.any(divided > 0.5))
-        else "no previous division, its peer trains with the warm-up objective"
-    )
-    logging.warning(f"%s: network %d's {what}; fallback: %s.", name, ctx.network, ctx.epoch, rule)
+def clean_score(memory: base.Memory) -> jax.Array:
+    """The GMM's clean probability of each pair (the division the peer trains on)."""
+    return memory.samples["prob"]
 
 
 def diagnostic_scores(memory: base.Memory) -> dict:
@@ -320,3 +215,19 @@ def diagnostic_scores(memory: base.Memory) -> dict:
     s = memory.samples
     neg_loss = -s["loss_raw"] if "loss_raw" in s else -s["loss"]  # runs before loss_raw
     return {"prob": s["prob"], "low_loss": 1.0 - s["loss"], "neg_loss": neg_loss}
+
+
+def bind(s: Settings) -> base.Method:
+    """NCR's bundle with the settings ``s`` bound."""
+    return base.bind_module(
+        "ncr",
+        sys.modules[__name__],
+        s,
+        clean_score_fn=clean_score,
+        diagnostic_scores_fn=diagnostic_scores,
+        num_networks=s.num_networks,
+        loss_reduction=s.loss_reduction,
+    )
+
+
+ncr = settings.factory("ncr", Settings, CHECKS, bind)

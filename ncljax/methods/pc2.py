@@ -59,74 +59,55 @@ warm-up, with batch-centred caption labels and the marginal entropy, keeps the c
 apart (``configs/pc2.py:synthetic``; measurements in ``benchmarks/RESULTS.md``). A refresh
 that finds one class for every pair logs a warning.
 
+The co-teaching skeleton (the plan, the streams, the co-divide and its fallback) is
+``ncljax.methods.coteaching``'s; this module adds PC2's own: the pseudo-classifier and what
+it reads, the prediction bank and its oscillation division, Eq. 8's rectified targets, the
+pseudo-caption update, and the borrowed captions' class accuracy (:func:`step_metrics`).
+
 Spec: ``pc2.md`` of the ncljax specs (sections 3 and 4).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ncljax import labels as labels_lib
 from ncljax import losses
-from ncljax.labels import gmm as gmm_lib
 from ncljax.labels import pc2 as pc2_labels
 from ncljax.losses.pseudo import ENTROPY_MODES
-from ncljax.methods import base, ncr, settings
+from ncljax.methods import base, coteaching, settings
 
-WARMUP, CLEAN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
-CLEAN_PSEUDO = base.MAIN + 1  # co-training with the clean and the pseudo-caption updates
+WARMUP, CLEAN = coteaching.WARMUP, coteaching.MAIN  # warm-up; co-training, clean update only
+CLEAN_PSEUDO = coteaching.SECOND  # co-training with the clean and the pseudo-caption updates
 HEAD = "pseudo_classifier"
 BANK_MODES = ("paper", "code")
 PSEUDO_ASSIGNMENTS = ("predictions", "true_classes")
 _SGRAF = ("sgr", "saf")
 
 
-def pc2(
-    *,
-    margin: float = 0.2,
-    warmup_epochs: int = 5,
-    pseudo_start_epoch: int = 25,
-    threshold: float = 0.5,
-    num_classes: int = 128,
-    classifier_hidden: int = 256,
-    classification_weight: float = 1.0,
-    classification_start_epoch: int = 0,
-    entropy_weight: float = 10.0,
-    entropy_mode: str = "code_sample",
-    noisy_weight: float = 1.0,
-    bank_mode: str = "paper",
-    margin_indexing: str = "paper",
-    noisy_margin_cutoff: float | None = 0.5,
-    detach_noisy_margin: bool = True,
-    rectify_indicator: str = "paper",
-    warmup_selection: bool = False,
-    classifier_input: str = "auto",
-    center_targets: bool = False,
-    pseudo_caption_assignment: str = "predictions",
-    gmm_max_iter: int = 10,
-    gmm_tol: float = 1e-2,
-    gmm_reg_covar: float = 5e-4,
-    loss_reduction: str = "sum",
-    calibration: str = "data",
-    division_min_weight: float = 0.01,
-    division_min_separation: float = 0.1,
-    model_config=None,
-) -> base.Method:
-    """PC2 as a method bundle.
+@dataclasses.dataclass(frozen=True)
+class Settings(coteaching.Settings):
+    """PC2's hyperparameters (``config.method_kwargs``): the co-teaching settings
+    (``ncljax.methods.coteaching.Settings``) and PC2's own.
 
-    Args:
-      margin: ``alpha`` of every hinge loss (0.2); the soft margins are
-        ``alpha (10^y - 1) / 9`` (``m = 10``).
-      warmup_epochs: warm-up epochs (paper: 5 on F30K, 10 on COCO and NoW; README: 5 on COCO).
+    Of the co-teaching settings, in PC2: ``margin`` is ``alpha`` of every hinge loss, whose
+    soft margins are ``alpha (10^y - 1) / 9`` (``m = 10``); ``warmup_epochs`` (paper: 5 on
+    F30K, 10 on COCO and NoW; README: 5 on COCO); ``threshold`` is ``tau`` of both GMM
+    splits and of Eq. 8's indicator (0.5); ``gmm_max_iter``, ``gmm_tol`` and
+    ``gmm_reg_covar`` set both GMMs; ``loss_reduction`` is ``'sum'`` (the code; the
+    pseudo-classification terms are batch means inside it) or ``'mean'``;
+    ``division_min_weight`` and ``division_min_separation`` make a loss-GMM or an
+    oscillation-GMM division degenerate alike.
+
+    Attributes:
       pseudo_start_epoch: first co-training epoch (counted from the end of the warm-up)
         with the pseudo-caption update, the code's ``warmup_epoch_2`` (25); the best
         validation score is forgotten at this epoch.
-      threshold: ``tau`` of both GMM splits and of Eq. 8's indicator (0.5).
       num_classes: ``K`` pseudo-classes (128).
       classifier_hidden: hidden width of ``C`` (256).
       classification_weight: ``lambda_pse`` of the pseudo-classification objective (1).
@@ -164,11 +145,6 @@ def pc2(
         those; all clean pairs where the batch has none of its class or the dataset has no
         classes). It separates the classifier's errors from the pseudo-caption update's
         own effect (benchmarks/RESULTS.md).
-      gmm_max_iter: EM iterations of both GMMs (10).
-      gmm_tol: EM tolerance (1e-2).
-      gmm_reg_covar: GMM variance floor (5e-4).
-      loss_reduction: ``'sum'`` over the batch (the code; the pseudo-classification terms
-        are batch means inside it) or ``'mean'``.
       calibration: ``'data'`` (default) or ``'paper'``. The one absolute constant PC2
         applies to a similarity-derived score is Eq. 5's cutoff on the prediction cosine
         ``s`` (``noisy_margin_cutoff``, the code's 0.5). ``'data'`` replaces
@@ -178,12 +154,10 @@ def pc2(
         keeps ``c`` (the configs of the precomp benchmarks). The GMM splits at ``tau``
         are posteriors (calibrated by the mixtures) and ``margin`` is the hinge's
         hyperparameter.
-      division_min_weight: a loss-GMM (or oscillation-GMM) component lighter than this
-        makes that division degenerate (``ncljax.labels.gmm.check_division``; 0.01).
-      division_min_separation: component means closer than this many standard
-        deviations of the normalised values make it degenerate (0.1).
-      model_config: the run's ``model`` config section (injected by the trainer): what the
-        pseudo-classifier reads depends on ``model.head`` and ``model.embed_dim``.
+
+    The factory also takes ``model_config``, the run's ``model`` config section (injected
+    by the trainer): what the pseudo-classifier reads depends on ``model.head`` and
+    ``model.embed_dim`` (:func:`reads_sequences`, :func:`check_model`).
 
     Degenerate divisions: a loss co-divide that puts every pair on one side of
     ``threshold`` or whose mixture separates nothing (``ncljax.labels.gmm.check_division``)
@@ -193,395 +167,366 @@ def pc2(
     for the epoch (``w_o = 0``). Each is logged with "fallback" and reported
     (``division_fallback``, ``osc_division_fallback``).
     """
-    hyperparameters = {k: v for k, v in locals().items() if k != "model_config"}
-    settings.check(
-        "pc2",
-        hyperparameters,
-        {
-            "margin": settings.NON_NEGATIVE,
-            "warmup_epochs": settings.NON_NEGATIVE_INT,
-            "pseudo_start_epoch": settings.NON_NEGATIVE_INT,
-            "threshold": settings.UNIT_INTERVAL,  # a split of GMM posteriors
-            "num_classes": settings.int_at_least(2),
-            "classifier_hidden": settings.POSITIVE_INT,
-            "classification_weight": settings.NON_NEGATIVE,
-            "classification_start_epoch": settings.NON_NEGATIVE_INT,
-            "entropy_weight": settings.NON_NEGATIVE,
-            "entropy_mode": settings.one_of(*ENTROPY_MODES),
-            "noisy_weight": settings.NON_NEGATIVE,  # 0: the paper's Table 7 variant
-            "bank_mode": settings.one_of(*BANK_MODES),
-            "margin_indexing": settings.one_of("paper", "code"),
-            "noisy_margin_cutoff": settings.optional(settings.UNIT_INTERVAL, "no cutoff"),
-            "detach_noisy_margin": settings.BOOLEAN,
-            "rectify_indicator": settings.one_of("paper", "code"),
-            "warmup_selection": settings.BOOLEAN,
-            "classifier_input": settings.one_of("auto", "sequences", "embeddings"),
-            "center_targets": settings.BOOLEAN,
-            "pseudo_caption_assignment": settings.one_of(*PSEUDO_ASSIGNMENTS),
-            "gmm_max_iter": settings.POSITIVE_INT,
-            "gmm_tol": settings.NON_NEGATIVE,
-            "gmm_reg_covar": settings.NON_NEGATIVE,
-            "loss_reduction": settings.LOSS_REDUCTIONS,
-            "calibration": settings.one_of("data", "paper"),
-            "division_min_weight": settings.DIVISION_MIN_WEIGHT,
-            "division_min_separation": settings.NON_NEGATIVE,
+
+    pseudo_start_epoch: int = 25
+    num_classes: int = 128
+    classifier_hidden: int = 256
+    classification_weight: float = 1.0
+    classification_start_epoch: int = 0
+    entropy_weight: float = 10.0
+    entropy_mode: str = "code_sample"
+    noisy_weight: float = 1.0
+    bank_mode: str = "paper"
+    margin_indexing: str = "paper"
+    noisy_margin_cutoff: float | None = 0.5
+    detach_noisy_margin: bool = True
+    rectify_indicator: str = "paper"
+    warmup_selection: bool = False
+    classifier_input: str = "auto"
+    center_targets: bool = False
+    pseudo_caption_assignment: str = "predictions"
+    calibration: str = "data"
+
+
+CHECKS = {
+    **coteaching.CHECKS,
+    "pseudo_start_epoch": settings.NON_NEGATIVE_INT,
+    "num_classes": settings.int_at_least(2),
+    "classifier_hidden": settings.POSITIVE_INT,
+    "classification_weight": settings.NON_NEGATIVE,
+    "classification_start_epoch": settings.NON_NEGATIVE_INT,
+    "entropy_weight": settings.NON_NEGATIVE,
+    "entropy_mode": settings.one_of(*ENTROPY_MODES),
+    "noisy_weight": settings.NON_NEGATIVE,  # 0: the paper's Table 7 variant
+    "bank_mode": settings.one_of(*BANK_MODES),
+    "margin_indexing": settings.one_of("paper", "code"),
+    "noisy_margin_cutoff": settings.optional(settings.UNIT_INTERVAL, "no cutoff"),
+    "detach_noisy_margin": settings.BOOLEAN,
+    "rectify_indicator": settings.one_of("paper", "code"),
+    "warmup_selection": settings.BOOLEAN,
+    "classifier_input": settings.one_of("auto", "sequences", "embeddings"),
+    "center_targets": settings.BOOLEAN,
+    "pseudo_caption_assignment": settings.one_of(*PSEUDO_ASSIGNMENTS),
+    "calibration": settings.one_of("data", "paper"),
+}
+
+
+# --- the pseudo-classifier and what it reads ---------------------------------------------------
+
+
+def reads_sequences(s: Settings, model_config) -> bool:
+    """Whether ``C`` reads the region and word sequences (else the pooled embeddings):
+    ``classifier_input``, where ``'auto'`` means sequences with the SGR/SAF heads."""
+    if s.classifier_input == "auto":
+        return (None if model_config is None else model_config.head) in _SGRAF
+    return s.classifier_input == "sequences"
+
+
+def check_model(s: Settings, model_config) -> None:
+    """Refuses a ``classifier_input`` the backbone cannot give (no check without a model
+    config).
+
+    Raises:
+      ValueError: ``'embeddings'`` with the SGR/SAF heads, or sequences over global
+        feature vectors.
+    """
+    if model_config is None:
+        return
+    sequences = reads_sequences(s, model_config)
+    if model_config.head in _SGRAF and not sequences:
+        raise ValueError(
+            "pc2 classifier_input='embeddings' needs the cosine head: the SGR/SAF models "
+            "have no pooled embeddings; use 'sequences' (or 'auto')."
+        )
+    if sequences and "global" in (model_config.image_input, model_config.text_input):
+        raise ValueError(
+            "pc2 classifier_input='sequences' reads region and word embeddings: set "
+            "model.image_input='regions' and model.text_input='tokens', or use "
+            "classifier_input='embeddings' (or 'auto') with global feature vectors."
+        )
+
+
+def heads(s: Settings, model_config, info, rngs) -> dict:
+    """The method head: the pseudo-classifier ``C`` over ``R * D`` inputs (sequences) or
+    ``D`` (embeddings)."""
+    from ncljax.models import heads as heads_lib  # the models import the losses, not the methods
+
+    if model_config is None:
+        raise ValueError("pc2's pseudo-classifier needs the run's model config section.")
+    dim = model_config.embed_dim
+    in_dim = info.num_regions * dim if reads_sequences(s, model_config) else dim
+    classifier = heads_lib.PseudoClassifier(
+        in_dim, s.num_classes, hidden=s.classifier_hidden, rngs=rngs
+    )
+    return {HEAD: classifier}
+
+
+def classifier_inputs(image, text, batch, *, sequences: bool, with_text: bool = True):
+    """The classifier's image (and caption) inputs on this backbone: the embeddings, or the
+    flattened regions and the word embeddings resampled to ``R`` positions relative to the
+    batch's longest caption."""
+    if not sequences:
+        return image["emb"], (text["emb"] if with_text else None)
+    x_image = pc2_labels.flatten_regions(image["regions"])
+    if not with_text:
+        return x_image, None
+    lengths = jnp.where(batch["mask"], batch["length"], 1)
+    longest = jnp.max(lengths).astype(jnp.int32)
+    fixed = pc2_labels.resample_to_fixed(text["words"], longest, image["regions"].shape[-2])
+    return x_image, pc2_labels.flatten_regions(fixed)
+
+
+# --- memory, plan, streams ---------------------------------------------------------------------
+
+
+def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+    """The co-teaching division memory (``coteaching.init_samples``) and PC2's rows: the
+    oscillation GMM's ``osc_prob`` (``w_o``) and ``osc_clean`` (its split), ``osc`` (the
+    min-max normalised oscillation) and ``osc_raw``, the prediction ``bank`` (uniform) and
+    ``bank_valid``; with ``bank_mode='code'``, each pair's ``position`` inside its subset."""
+    n = ctx.num_samples
+    zeros = jnp.zeros(n, jnp.float32)
+    samples = coteaching.init_samples(n)
+    samples.update(
+        osc_prob=zeros,
+        osc_clean=zeros,
+        osc=zeros,
+        osc_raw=zeros,
+        bank=jnp.full((n, s.num_classes), 1.0 / s.num_classes, jnp.float32),
+        bank_valid=zeros,
+    )
+    if s.bank_mode == "code":
+        samples["position"] = jnp.arange(n, dtype=jnp.int32)  # inside its subset
+    return base.Memory(samples=samples, state={})
+
+
+def plan(s: Settings, epoch: int) -> base.EpochPlan:
+    """Warm-up epochs, then co-training from a fresh optimiser; the pseudo-caption update
+    (phase ``CLEAN_PSEUDO``) from co-training epoch ``pseudo_start_epoch`` on, unless
+    ``noisy_weight`` is 0, and the best validation score forgotten at that epoch."""
+    e = epoch - s.warmup_epochs
+    return coteaching.plan(
+        s,
+        epoch,
+        second=s.noisy_weight > 0 and e >= s.pseudo_start_epoch,
+        reset_at_start=True,
+        restart_best=e == s.pseudo_start_epoch,
+    )
+
+
+def streams(s: Settings, memory, plan: base.EpochPlan, network: int) -> base.Streams:
+    """The peer's clean set, with its noisy set alongside (``coteaching.streams``)."""
+    del s
+    return coteaching.streams(memory, plan, network)
+
+
+# --- forward -------------------------------------------------------------------------------------
+
+
+def forward(
+    s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=None, sequences: bool
+):
+    """The backbone's outputs with the classifier's ``image_logits`` (and ``text_logits``
+    but in the statistics pass); update 2's forward is :func:`pseudo_caption_forward`."""
+    del memory_state
+    classifier = model.method_heads[HEAD]
+    if ctx is not None and ctx.update == 1:
+        return pseudo_caption_forward(
+            s, model, classifier, batch, ctx.batches[0], rngs, sequences=sequences
+        )
+    out = model(batch, train=train, rngs=rngs)
+    with_text = phase != base.STATS
+    x_image, x_text = classifier_inputs(
+        out["image"], out["text"], batch, sequences=sequences, with_text=with_text
+    )
+    out["image_logits"] = classifier(x_image)
+    if with_text:
+        out["text_logits"] = classifier(x_text)
+    return out
+
+
+def pseudo_caption_forward(s: Settings, model, classifier, noisy, clean, rngs, *, sequences):
+    """Update 2's forward: noisy images against borrowed clean captions (Eqs. 4-6)."""
+    image = model.encode_image(noisy, train=True, rngs=rngs)
+    image_clean = model.encode_image(clean, train=True, rngs=rngs)
+    text_clean = model.encode_text(clean, train=True, rngs=rngs)
+    x_noisy, _ = classifier_inputs(image, None, noisy, sequences=sequences, with_text=False)
+    x_clean, _ = classifier_inputs(image_clean, None, clean, sequences=sequences, with_text=False)
+    p_noisy = jax.nn.softmax(classifier(x_noisy), axis=-1)
+    p_clean = jax.nn.softmax(classifier(x_clean), axis=-1)
+    candidates = None
+    if s.pseudo_caption_assignment == "true_classes":  # a diagnostic (see Settings)
+        image_class = noisy["label_image"][:, None]
+        candidates = (image_class >= 0) & (image_class == clean["label_text"][None, :])
+    index, cosine = pc2_labels.assign_pseudo_captions(
+        p_noisy, p_clean, clean_where=clean["mask"], where=noisy["mask"], candidates=candidates
+    )
+    borrowed = pc2_labels.gather_rows({k: text_clean[k] for k in model.text_keys}, index)
+    if "valid" in text_clean:  # the borrowed captions of real noisy pairs are real
+        borrowed["valid"] = noisy["mask"]
+    sim = model.similarity(image, borrowed, train=True)
+    chance = pc2_labels.chance_cosine(
+        p_noisy, p_clean, where=noisy["mask"], clean_where=clean["mask"]
+    )
+    return {
+        "sim": sim,
+        "pseudo_chance": chance,
+        "pseudo_index": index,
+        "pseudo_cosine": cosine,
+        "p_noisy": p_noisy,
+        "p_clean": p_clean,
+    }
+
+
+# --- the losses of each update -------------------------------------------------------------------
+
+
+def pseudo_classification(s: Settings, outputs, mask, epoch):
+    """Per-example shares of ``lambda_pse L_pse + lambda_ent L_ent`` (Eq. 10), 0 before
+    ``classification_start_epoch``."""
+    image, text = outputs["image_logits"], outputs["text_logits"]
+    ce = losses.pseudo_label_cross_entropy(image, text, where=mask, center_targets=s.center_targets)
+    ent = losses.prediction_entropy_loss(image, mode=s.entropy_mode, where=mask)
+    per_example = s.classification_weight * ce + s.entropy_weight * ent
+    if s.loss_reduction == "sum":  # L_pse and L_ent are batch means inside the sum
+        per_example = per_example / jnp.maximum(mask.sum(), 1)
+    return jnp.where(epoch >= s.classification_start_epoch, per_example, 0.0)
+
+
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """Warm-up: the mean-negative hinge plus the pseudo-classification, writing the bank.
+    Update 0: Eq. 8's rectified hinge plus the pseudo-classification. Update 1: the
+    pseudo-caption hinge (:func:`pseudo_caption_loss`)."""
+    del rows
+    sim, mask = outputs["sim"], batch["mask"]
+    if ctx.update == 1:
+        return pseudo_caption_loss(s, outputs, batch, ctx)
+    p = jax.nn.softmax(outputs["image_logits"], axis=-1)
+    pse = pseudo_classification(s, outputs, mask, ctx.epoch)
+    if ctx.phase == WARMUP:
+        return warmup_loss(s, sim, mask, p, pse)
+    return clean_loss(s, sim, mask, p, pse, peer_rows)
+
+
+def warmup_loss(s: Settings, sim, mask, p, pse) -> tuple[jax.Array, base.Aux]:
+    """The warm-up objective: the mean-negative hinge (of the ``floor(B / 2)`` smallest
+    with ``warmup_selection``) plus ``pse``; the image predictions ``p`` go to the bank."""
+    ranking = coteaching.warmup_loss(s, sim, mask)
+    if s.warmup_selection:
+        ranking = jnp.where(_smallest_half(ranking, mask), ranking, 0.0)
+    aux = base.Aux(
+        metrics={"loss_ranking": ranking, "loss_pseudo_cls": pse},
+        memory={"bank": p, "bank_valid": jnp.ones_like(ranking)},
+    )
+    return ranking + pse, aux
+
+
+def clean_loss(s: Settings, sim, mask, p, pse, peer_rows) -> tuple[jax.Array, base.Aux]:
+    """Update 0: the hardest-negative hinge with Eq. 8's margins from the peer's estimates
+    (the warm-up objective while the peer has no division), plus ``pse``."""
+    osc_clean = (peer_rows["osc_clean"] > 0.5) if s.rectify_indicator == "code" else None
+    targets = pc2_labels.clean_soft_label(
+        peer_rows["prob"],
+        peer_rows["osc_prob"],
+        threshold=s.threshold,
+        strict=False,
+        osc_clean=osc_clean,
+    )
+    margins = losses.soft_margin(targets, s.margin, kind="exponential")
+    hinge = losses.triplet_hardest(sim, margins, where=mask, margin_of=clean_margin_of(s))
+    hinge = coteaching.unless_undivided(s, hinge, sim, peer_rows, mask)
+    aux = base.Aux(
+        metrics={
+            "target_clean": targets,
+            "loss_clean": hinge,
+            "loss_pseudo_cls": pse,
+            "max_prediction": p.max(-1),
         },
+        clean_estimates={"clean": targets},
+        loss_weight=margins,
     )
-    head_kind = None if model_config is None else model_config.head
-    if classifier_input == "auto":
-        sequences = head_kind in _SGRAF
-    else:
-        sequences = classifier_input == "sequences"
-    if model_config is not None:
-        if head_kind in _SGRAF and not sequences:
-            raise ValueError(
-                "pc2 classifier_input='embeddings' needs the cosine head: the SGR/SAF models "
-                "have no pooled embeddings; use 'sequences' (or 'auto')."
-            )
-        if sequences and "global" in (model_config.image_input, model_config.text_input):
-            raise ValueError(
-                "pc2 classifier_input='sequences' reads region and word embeddings: set "
-                "model.image_input='regions' and model.text_input='tokens', or use "
-                "classifier_input='embeddings' (or 'auto') with global feature vectors."
-            )
-    divide = functools.partial(
-        labels_lib.loss_division,
-        threshold=threshold,
-        max_iter=gmm_max_iter,
-        tol=gmm_tol,
-        reg_covar=gmm_reg_covar,
+    return hinge + pse, aux
+
+
+def clean_margin_of(s: Settings) -> str:
+    """Whose margin a hinge term of the clean update uses: its positive pair's, or by image
+    (``margin_indexing='code'``)."""
+    return "image" if s.margin_indexing == "code" else "positive"
+
+
+def noisy_margin_of(s: Settings) -> str:
+    """Whose margin a hinge term of the pseudo-caption update uses: its positive pair's, or
+    by caption (``margin_indexing='code'``)."""
+    return "caption" if s.margin_indexing == "code" else "positive"
+
+
+def pseudo_cutoff(s: Settings, outputs):
+    """Eq. 5's cutoff: ``noisy_margin_cutoff``, placed between the batch's chance cosine
+    (``outputs['pseudo_chance']``) and 1 with ``calibration='data'``; ``None``: no cutoff."""
+    cutoff = s.noisy_margin_cutoff
+    if cutoff is not None and s.calibration == "data":
+        cutoff = pc2_labels.calibrated_cutoff(cutoff, outputs["pseudo_chance"])
+    return cutoff
+
+
+def pseudo_caption_loss(s: Settings, outputs, batch, ctx) -> tuple[jax.Array, base.Aux]:
+    """Update 1: the hardest-negative hinge on the pseudo pairs with Eq. 5's margins,
+    weighted by ``lambda_n``; the borrowed rows go to ``Aux.extra`` (:func:`step_metrics`)
+    and, with ``bank_mode='code'``, the predictions to the bank (:func:`code_bank_writes`)."""
+    mask = batch["mask"]
+    cosine = outputs["pseudo_cosine"]
+    cutoff = pseudo_cutoff(s, outputs)
+    margins = pc2_labels.noisy_margin(
+        cosine, margin=s.margin, cutoff=cutoff, detach=s.detach_noisy_margin
     )
-    clean_margin_of = "image" if margin_indexing == "code" else "positive"
-    noisy_margin_of = "caption" if margin_indexing == "code" else "positive"
-    pseudo_update = noisy_weight > 0
-
-    def heads_fn(info, rngs):
-        from ncljax.models import heads  # the models import the losses, not the methods
-
-        if model_config is None:
-            raise ValueError("pc2's pseudo-classifier needs the run's model config section.")
-        dim = model_config.embed_dim
-        in_dim = info.num_regions * dim if sequences else dim
-        return {
-            HEAD: heads.PseudoClassifier(in_dim, num_classes, hidden=classifier_hidden, rngs=rngs)
-        }
-
-    def init_memory(ctx: base.InitContext) -> base.Memory:
-        n = ctx.num_samples
-        ones, zeros = jnp.ones(n, jnp.float32), jnp.zeros(n, jnp.float32)
-        samples = {
-            "prob": ones,  # loss-GMM clean probability w
-            "clean": ones,  # its split
-            "loss": zeros,  # min-max normalised co-divide loss
-            "loss_raw": zeros,
-            "osc_prob": zeros,  # oscillation-GMM clean probability w_o
-            "osc_clean": zeros,
-            "osc": zeros,  # min-max normalised oscillation
-            "osc_raw": zeros,
-            "bank": jnp.full((n, num_classes), 1.0 / num_classes, jnp.float32),
-            "bank_valid": zeros,
-            "divided": zeros,  # 1 once the network has a non-degenerate loss division
-        }
-        if bank_mode == "code":
-            samples["position"] = jnp.arange(n, dtype=jnp.int32)  # inside its subset
-        return base.Memory(samples=samples, state={})
-
-    def plan_fn(epoch: int) -> base.EpochPlan:
-        if epoch < warmup_epochs:
-            return base.EpochPlan(
-                phase=WARMUP, in_turn=True, lr_epoch=0, selectable=False, min_batch=2
-            )
-        e = epoch - warmup_epochs
-        pseudo = pseudo_update and e >= pseudo_start_epoch
-        return base.EpochPlan(
-            phase=CLEAN_PSEUDO if pseudo else CLEAN,
-            refresh=True,
-            in_turn=True,
-            updates=(0, 1) if pseudo else (0,),
-            reset_optimizer=e == 0,
-            lr_epoch=e,
-            restart_best=e == pseudo_start_epoch,
-            min_batch=2,
-        )
-
-    def streams_fn(memory, epoch, network):
-        if epoch < warmup_epochs:
-            return base.Streams()
-        peer = (network + 1) % 2
-        clean = np.asarray(memory.samples["clean"][peer]) > 0.5
-        return base.Streams(main=np.flatnonzero(clean), aux=np.flatnonzero(~clean))
-
-    def classifier_inputs(model, image, text, batch, *, with_text=True):
-        """The classifier's image (and caption) inputs on this backbone."""
-        if not sequences:
-            return image["emb"], (text["emb"] if with_text else None)
-        x_image = pc2_labels.flatten_regions(image["regions"])
-        if not with_text:
-            return x_image, None
-        lengths = jnp.where(batch["mask"], batch["length"], 1)
-        longest = jnp.max(lengths).astype(jnp.int32)
-        fixed = pc2_labels.resample_to_fixed(text["words"], longest, image["regions"].shape[-2])
-        return x_image, pc2_labels.flatten_regions(fixed)
-
-    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
-        del memory_state
-        classifier = model.method_heads[HEAD]
-        if ctx is not None and ctx.update == 1:
-            return pseudo_caption_forward(model, classifier, batch, ctx.batches[0], rngs)
-        out = model(batch, train=train, rngs=rngs)
-        with_text = phase != base.STATS
-        x_image, x_text = classifier_inputs(
-            model, out["image"], out["text"], batch, with_text=with_text
-        )
-        out["image_logits"] = classifier(x_image)
-        if with_text:
-            out["text_logits"] = classifier(x_text)
-        return out
-
-    def pseudo_caption_forward(model, classifier, noisy, clean, rngs):
-        """Update 2's forward: noisy images against borrowed clean captions (Eqs. 4-6)."""
-        image = model.encode_image(noisy, train=True, rngs=rngs)
-        image_clean = model.encode_image(clean, train=True, rngs=rngs)
-        text_clean = model.encode_text(clean, train=True, rngs=rngs)
-        x_noisy, _ = classifier_inputs(model, image, None, noisy, with_text=False)
-        x_clean, _ = classifier_inputs(model, image_clean, None, clean, with_text=False)
-        p_noisy = jax.nn.softmax(classifier(x_noisy), axis=-1)
-        p_clean = jax.nn.softmax(classifier(x_clean), axis=-1)
-        candidates = None
-        if pseudo_caption_assignment == "true_classes":  # a diagnostic (see the docstring)
-            image_class = noisy["label_image"][:, None]
-            candidates = (image_class >= 0) & (image_class == clean["label_text"][None, :])
-        index, cosine = pc2_labels.assign_pseudo_captions(
-            p_noisy, p_clean, clean_where=clean["mask"], where=noisy["mask"], candidates=candidates
-        )
-        borrowed = pc2_labels.gather_rows({k: text_clean[k] for k in model.text_keys}, index)
-        if "valid" in text_clean:  # the borrowed captions of real noisy pairs are real
-            borrowed["valid"] = noisy["mask"]
-        sim = model.similarity(image, borrowed, train=True)
-        chance = pc2_labels.chance_cosine(
-            p_noisy, p_clean, where=noisy["mask"], clean_where=clean["mask"]
-        )
-        return {
-            "sim": sim,
-            "pseudo_chance": chance,
-            "pseudo_index": index,
-            "pseudo_cosine": cosine,
-            "p_noisy": p_noisy,
-            "p_clean": p_clean,
-        }
-
-    def pseudo_classification(outputs, mask, epoch):
-        """Per-example shares of ``lambda_pse L_pse + lambda_ent L_ent`` (Eq. 10)."""
-        image, text = outputs["image_logits"], outputs["text_logits"]
-        ce = losses.pseudo_label_cross_entropy(
-            image, text, where=mask, center_targets=center_targets
-        )
-        ent = losses.prediction_entropy_loss(image, mode=entropy_mode, where=mask)
-        per_example = classification_weight * ce + entropy_weight * ent
-        if loss_reduction == "sum":  # L_pse and L_ent are batch means inside the sum
-            per_example = per_example / jnp.maximum(mask.sum(), 1)
-        return jnp.where(epoch >= classification_start_epoch, per_example, 0.0)
-
-    def loss_fn(outputs, batch, rows, peer_rows, ctx):
-        sim, mask = outputs["sim"], batch["mask"]
-        if ctx.update == 1:
-            return pseudo_caption_loss(outputs, batch, ctx)
-        p = jax.nn.softmax(outputs["image_logits"], axis=-1)
-        pse = pseudo_classification(outputs, mask, ctx.epoch)
-        if ctx.phase == WARMUP:
-            ranking = losses.triplet_mean(sim, margin, where=mask)
-            if warmup_selection:
-                ranking = jnp.where(_smallest_half(ranking, mask), ranking, 0.0)
-            aux = {
-                "metrics": {"loss_ranking": ranking, "loss_pseudo_cls": pse},
-                "memory": {"bank": p, "bank_valid": jnp.ones_like(ranking)},
-            }
-            return ranking + pse, aux
-        targets = pc2_labels.clean_soft_label(
-            peer_rows["prob"],
-            peer_rows["osc_prob"],
-            threshold=threshold,
-            strict=False,
-            osc_clean=(peer_rows["osc_clean"] > 0.5) if rectify_indicator == "code" else None,
-        )
-        margins = losses.soft_margin(targets, margin, kind="exponential")
-        hinge = losses.triplet_hardest(sim, margins, where=mask, margin_of=clean_margin_of)
-        undivided = peer_rows["divided"] < 0.5  # the peer has no division yet: fallback
-        hinge = jnp.where(undivided, losses.triplet_mean(sim, margin, where=mask), hinge)
-        aux = {
-            "metrics": {
-                "target_clean": targets,
-                "loss_clean": hinge,
-                "loss_pseudo_cls": pse,
-                "max_prediction": p.max(-1),
-            },
-            "clean_estimates": {"clean": targets},
-            "loss_weight": margins,
-        }
-        return hinge + pse, aux
-
-    def pseudo_caption_loss(outputs, batch, ctx):
-        mask = batch["mask"]
-        cosine = outputs["pseudo_cosine"]
-        cutoff = noisy_margin_cutoff
-        if cutoff is not None and calibration == "data":
-            cutoff = pc2_labels.calibrated_cutoff(cutoff, outputs["pseudo_chance"])
-        margins = pc2_labels.noisy_margin(
-            cosine, margin=margin, cutoff=cutoff, detach=detach_noisy_margin
-        )
-        hinge = losses.triplet_hardest(
-            outputs["sim"], margins, where=mask, margin_of=noisy_margin_of
-        )
-        aux = {
-            "metrics": {
-                "loss_noisy": hinge,
-                "pseudo_cosine": jax.lax.stop_gradient(cosine),
-                "pseudo_margin": jax.lax.stop_gradient(margins),
-                "pseudo_cutoff": jnp.broadcast_to(
-                    jnp.asarray(0.0 if cutoff is None else cutoff), margins.shape
-                ),
-            },
-            "pseudo_caption_index": outputs["pseudo_index"],
-            "loss_weight": jax.lax.stop_gradient(margins),
-        }
-        if bank_mode == "code":
-            aux["memory_at"] = code_bank_writes(outputs, batch, ctx)
-        return noisy_weight * hinge, aux
-
-    def code_bank_writes(outputs, noisy, ctx):
-        """The code's writes of update 2: the noisy then the clean predictions at the pairs'
-        positions inside their subsets (the clean write wins where both land)."""
-        n = ctx.num_samples
-        clean = ctx.batches[0]
-        pos_noisy = jnp.where(noisy["mask"], ctx.peer_rows[1]["position"], n)
-        pos_clean = jnp.where(clean["mask"], ctx.peer_rows[0]["position"], n)
-        overwritten = (pos_noisy[:, None] == pos_clean[None, :]).any(1)
-        pos_noisy = jnp.where(overwritten, n, pos_noisy)
-        index = jnp.concatenate([pos_noisy, pos_clean])
-        bank = jnp.concatenate([outputs["p_noisy"], outputs["p_clean"]])
-        rows = {
-            "bank": jax.lax.stop_gradient(bank),
-            "bank_valid": jnp.ones(index.shape, jnp.float32),
-        }
-        return index, rows
-
-    def stats_fn(outputs, batch):
-        mask = batch["mask"]
-        return {
-            "loss": losses.triplet_mean(outputs["sim"], margin, where=mask),
-            "pred": jax.nn.softmax(outputs["image_logits"], axis=-1),
-        }
-
-    check_division = functools.partial(  # the loss and the oscillation divisions alike
-        gmm_lib.check_division,
-        threshold=threshold,
-        min_weight=division_min_weight,
-        min_separation=division_min_separation,
+    hinge = losses.triplet_hardest(
+        outputs["sim"], margins, where=mask, margin_of=noisy_margin_of(s)
     )
-
-    def refresh_fn(memory, stats, ctx):
-        samples = dict(memory.samples)
-        division = divide(stats["loss"])
-        samples.update(
-            loss=division.normalised.astype(jnp.float32),
-            loss_raw=jnp.asarray(stats["loss"], jnp.float32),
-        )
-        check = check_division(division.normalised, division.prob, division.gmm)
-        fallback = bool(check.degenerate)
-        if fallback:
-            ncr.warn_division_fallback("pc2", ctx, check, samples["divided"])
-        else:
-            samples.update(
-                prob=division.prob.astype(jnp.float32),
-                clean=division.clean.astype(jnp.float32),
-                divided=jnp.ones_like(samples["divided"]),
-            )
-        pred = jnp.asarray(stats["pred"], jnp.float32)
-        valid = memory.samples["bank_valid"] > 0.5
-        osc = pc2_labels.prediction_oscillation(
-            memory.samples["bank"], pred, direction=bank_mode, valid=valid
-        )
-        osc_division = divide(osc)
-        samples.update(osc=osc_division.normalised.astype(jnp.float32), osc_raw=osc)
-        osc_check = check_division(osc_division.normalised, osc_division.prob, osc_division.gmm)
-        osc_fallback = bool(osc_check.degenerate)
-        if osc_fallback:
-            what = (
-                "are all equal"
-                if bool(osc_division.gmm.degenerate)
-                else "give a degenerate division (one set, or components that coincide)"
-            )
-            logging.warning(
-                "pc2: network %d's prediction oscillations of epoch %d %s (%d of %d pairs "
-                "have a previous prediction); fallback: the rectification is off this "
-                "epoch (w_o = 0).",
-                ctx.network,
-                ctx.epoch,
-                what,
-                int(valid.sum()),
-                valid.size,
-            )
-            samples.update(osc_prob=jnp.zeros_like(osc), osc_clean=jnp.zeros_like(osc))
-        else:
-            samples.update(
-                osc_prob=osc_division.prob.astype(jnp.float32),
-                osc_clean=osc_division.clean.astype(jnp.float32),
-            )
-        if bank_mode == "paper":
-            samples.update(bank=pred, bank_valid=jnp.ones_like(osc))
-        else:
-            clean = samples["clean"] > 0.5
-            samples["position"] = jnp.where(
-                clean, jnp.cumsum(clean) - 1, jnp.cumsum(~clean) - 1
-            ).astype(jnp.int32)
-        gmm, osc_gmm = division.gmm, osc_division.gmm
-        used = jnp.bincount(pred.argmax(-1), length=num_classes) > 0
-        if int(used.sum()) == 1:
-            logging.warning(
-                "pc2: network %d's pseudo-classifier predicts one class for every pair at "
-                "epoch %d (largest probability %.3f on average): its pseudo-captions are "
-                "arbitrary and its oscillations carry little; consider entropy_mode="
-                "'marginal' (see ncljax/methods/pc2.py).",
-                ctx.network,
-                ctx.epoch,
-                float(pred.max(-1).mean()),
-            )
-        diagnostics = {
-            "gmm_mean_clean": gmm.means[0],
-            "gmm_mean_noisy": gmm.means[1],
-            "gmm_converged": gmm.converged,
-            "gmm_degenerate": gmm.degenerate,
-            "gmm_separation": check.separation,
-            "division_fallback": jnp.float32(fallback),
-            "osc_division_fallback": jnp.float32(osc_fallback),
-            "clean_fraction": samples["clean"].mean(),
-            "prob_mean": samples["prob"].mean(),
-            "osc_gmm_mean_clean": osc_gmm.means[0],
-            "osc_gmm_mean_noisy": osc_gmm.means[1],
-            "osc_gmm_converged": osc_gmm.converged,
-            "osc_gmm_degenerate": osc_gmm.degenerate,
-            "osc_clean_fraction": samples["osc_clean"].mean(),
-            "osc_mean": osc.mean(),
-            "prediction_max_mean": pred.max(-1).mean(),
-            "prediction_classes_used": used.sum(),
-        }
-        return base.Memory(samples=samples, state=memory.state), diagnostics
-
-    return base.Method(
-        name="pc2",
-        init_memory=init_memory,
-        loss_fn=loss_fn,
-        forward_fn=forward_fn,
-        refresh_fn=refresh_fn,
-        stats_fn=stats_fn,
-        plan_fn=plan_fn,
-        clean_score_fn=lambda memory: memory.samples["prob"],
-        diagnostic_scores_fn=diagnostic_scores,
-        num_networks=2,
-        streams_fn=streams_fn,
-        loss_reduction=loss_reduction,
-        heads_fn=heads_fn,
+    aux = base.Aux(
+        metrics={
+            "loss_noisy": hinge,
+            "pseudo_cosine": jax.lax.stop_gradient(cosine),
+            "pseudo_margin": jax.lax.stop_gradient(margins),
+            "pseudo_cutoff": jnp.broadcast_to(
+                jnp.asarray(0.0 if cutoff is None else cutoff), margins.shape
+            ),
+        },
+        loss_weight=jax.lax.stop_gradient(margins),
+        memory_at=code_bank_writes(outputs, batch, ctx) if s.bank_mode == "code" else None,
+        extra={"pseudo_caption_index": outputs["pseudo_index"]},
     )
+    return s.noisy_weight * hinge, aux
+
+
+def code_bank_writes(outputs, noisy, ctx):
+    """The code's writes of update 2: the noisy then the clean predictions at the pairs'
+    positions inside their subsets (the clean write wins where both land)."""
+    n = ctx.num_samples
+    clean = ctx.batches[0]
+    pos_noisy = jnp.where(noisy["mask"], ctx.peer_rows[1]["position"], n)
+    pos_clean = jnp.where(clean["mask"], ctx.peer_rows[0]["position"], n)
+    overwritten = (pos_noisy[:, None] == pos_clean[None, :]).any(1)
+    pos_noisy = jnp.where(overwritten, n, pos_noisy)
+    index = jnp.concatenate([pos_noisy, pos_clean])
+    bank = jnp.concatenate([outputs["p_noisy"], outputs["p_clean"]])
+    rows = {
+        "bank": jax.lax.stop_gradient(bank),
+        "bank_valid": jnp.ones(index.shape, jnp.float32),
+    }
+    return index, rows
+
+
+def step_metrics(extra, batch, batches) -> dict:
+    """``pseudo_caption_accuracy``: the share of real pairs whose borrowed caption (a row of
+    the step's main batch ``batches[0]``) has the class of the pair's image, where the
+    dataset has classes, as ``(sum, count)``."""
+    from ncljax.train.step import masked_metric  # ncljax.train imports the methods
+
+    borrowed = jnp.take(batches[0]["label_text"], extra["pseudo_caption_index"], mode="clip")
+    image_class = batch["label_image"]
+    known = batch["mask"] & (image_class >= 0) & (borrowed >= 0)
+    accuracy = masked_metric((borrowed == image_class).astype(jnp.float32), known)
+    return {"pseudo_caption_accuracy": accuracy}
 
 
 def _smallest_half(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -589,6 +534,116 @@ def _smallest_half(values: jax.Array, mask: jax.Array) -> jax.Array:
     keyed = jnp.where(mask, values, jnp.inf)
     rank = jnp.argsort(jnp.argsort(keyed, stable=True), stable=True)
     return mask & (rank < mask.sum() // 2)
+
+
+# --- the refresh: the co-divide, the oscillation division and the bank ---------------------------
+
+
+def stats(s: Settings, outputs, batch) -> dict:
+    """The co-divide's per-pair loss (the warm-up objective, in eval mode) and the image
+    predictions ``pred``."""
+    return {
+        "loss": coteaching.warmup_loss(s, outputs["sim"], batch["mask"]),
+        "pred": jax.nn.softmax(outputs["image_logits"], axis=-1),
+    }
+
+
+def refresh(s: Settings, memory, stats, ctx):
+    """The co-divide (``coteaching.co_divide``), the oscillation division of the image
+    predictions against the bank, the bank's update, and their diagnostics."""
+    samples, division, checked, fallback = coteaching.co_divide(
+        s, "pc2", memory.samples, stats["loss"], ctx
+    )
+    pred = jnp.asarray(stats["pred"], jnp.float32)
+    valid = memory.samples["bank_valid"] > 0.5
+    samples, osc, osc_division, osc_fallback = oscillation_divide(s, samples, pred, valid, ctx)
+    samples = update_bank(s, samples, pred, osc)
+    used = classes_used(s, pred, ctx)
+    diagnostics = coteaching.division_diagnostics(division, checked, fallback, samples)
+    osc_gmm = osc_division.gmm
+    diagnostics.update(
+        osc_division_fallback=jnp.float32(osc_fallback),
+        osc_gmm_mean_clean=osc_gmm.means[0],
+        osc_gmm_mean_noisy=osc_gmm.means[1],
+        osc_gmm_converged=osc_gmm.converged,
+        osc_gmm_degenerate=osc_gmm.degenerate,
+        osc_clean_fraction=samples["osc_clean"].mean(),
+        osc_mean=osc.mean(),
+        prediction_max_mean=pred.max(-1).mean(),
+        prediction_classes_used=used.sum(),
+    )
+    return base.Memory(samples=samples, state=memory.state), diagnostics
+
+
+def oscillation_divide(s: Settings, samples: dict, pred, valid, ctx):
+    """The oscillation ``o`` of ``pred`` against the bank (Eq. 7; 0 where ``valid`` is
+    not) and its GMM division (``coteaching.divide``), or ``w_o = 0`` with a warning where
+    that division is degenerate.
+
+    Returns:
+      ``(samples, osc, division, fallback)``.
+    """
+    osc = pc2_labels.prediction_oscillation(
+        samples["bank"], pred, direction=s.bank_mode, valid=valid
+    )
+    division = coteaching.divide(s, osc)
+    samples = dict(samples, osc=division.normalised.astype(jnp.float32), osc_raw=osc)
+    fallback = bool(coteaching.check(s, division).degenerate)
+    if fallback:
+        what = (
+            "are all equal"
+            if bool(division.gmm.degenerate)
+            else "give a degenerate division (one set, or components that coincide)"
+        )
+        logging.warning(
+            "pc2: network %d's prediction oscillations of epoch %d %s (%d of %d pairs "
+            "have a previous prediction); fallback: the rectification is off this "
+            "epoch (w_o = 0).",
+            ctx.network,
+            ctx.epoch,
+            what,
+            int(valid.sum()),
+            valid.size,
+        )
+        samples.update(osc_prob=jnp.zeros_like(osc), osc_clean=jnp.zeros_like(osc))
+    else:
+        samples.update(
+            osc_prob=division.prob.astype(jnp.float32),
+            osc_clean=division.clean.astype(jnp.float32),
+        )
+    return samples, osc, division, fallback
+
+
+def update_bank(s: Settings, samples: dict, pred, osc) -> dict:
+    """``bank_mode='paper'``: the bank becomes this pass's predictions; ``'code'``: the
+    bank stays, and each pair's ``position`` inside its (new) clean or noisy subset."""
+    if s.bank_mode == "paper":
+        return dict(samples, bank=pred, bank_valid=jnp.ones_like(osc))
+    clean = samples["clean"] > 0.5
+    position = jnp.where(clean, jnp.cumsum(clean) - 1, jnp.cumsum(~clean) - 1)
+    return dict(samples, position=position.astype(jnp.int32))
+
+
+def classes_used(s: Settings, pred, ctx) -> jax.Array:
+    """``[K]`` whether each class is some pair's argmax; logs a warning where one class
+    takes every pair (a collapsed pseudo-classifier)."""
+    used = jnp.bincount(pred.argmax(-1), length=s.num_classes) > 0
+    if int(used.sum()) == 1:
+        logging.warning(
+            "pc2: network %d's pseudo-classifier predicts one class for every pair at "
+            "epoch %d (largest probability %.3f on average): its pseudo-captions are "
+            "arbitrary and its oscillations carry little; consider entropy_mode="
+            "'marginal' (see ncljax/methods/pc2.py).",
+            ctx.network,
+            ctx.epoch,
+            float(pred.max(-1).mean()),
+        )
+    return used
+
+
+def clean_score(memory: base.Memory) -> jax.Array:
+    """The loss GMM's clean probability of each pair (the division the peer trains on)."""
+    return memory.samples["prob"]
 
 
 def diagnostic_scores(memory: base.Memory) -> dict:
@@ -606,3 +661,25 @@ def diagnostic_scores(memory: base.Memory) -> dict:
         "neg_loss": -s["loss_raw"],
         "neg_osc": -s["osc_raw"],
     }
+
+
+def bind(s: Settings, model_config=None) -> base.Method:
+    """PC2's bundle with the settings ``s`` and the run's ``model`` config section bound
+    (checked by :func:`check_model`)."""
+    check_model(s, model_config)
+    p = functools.partial
+    return base.bind_module(
+        "pc2",
+        sys.modules[__name__],
+        s,
+        forward_fn=p(forward, s, sequences=reads_sequences(s, model_config)),
+        heads_fn=p(heads, s, model_config),
+        clean_score_fn=clean_score,
+        diagnostic_scores_fn=diagnostic_scores,
+        step_metrics_fn=step_metrics,
+        num_networks=2,
+        loss_reduction=s.loss_reduction,
+    )
+
+
+pc2 = settings.factory("pc2", Settings, CHECKS, bind)

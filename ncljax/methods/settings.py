@@ -18,10 +18,21 @@ Numbers must be finite (NaN and infinities are refused), integers must be intege
 a ``bool``, not a float such as ``2.0``), and flags must be ``True`` or ``False``.
 Constraints between arguments (SREM's ``m_clean <= m_noisy``) use :func:`require`,
 which words its message the same way.
+
+A method module declares its arguments once, as a frozen ``Settings`` NamedTuple (names,
+defaults, documentation), with the table ``CHECKS`` of their rules; :func:`factory`
+turns them and the module's ``bind(settings) -> Method`` into the registry's factory,
+whose signature (keyword arguments with the defaults of ``Settings``) is what
+``ncljax.methods.hyperparameters`` and the config files read::
+
+    ncr = settings.factory("ncr", Settings, CHECKS, bind)
+    ncr(margin=0.3).settings.margin  # 0.3
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -167,3 +178,81 @@ def require(ok: bool, method: str, name: str, requirement: str, value) -> None:
     :func:`check` (for constraints between arguments)."""
     if not ok:
         raise ValueError(_problem(method, name, requirement, value) + ".")
+
+
+# A ``bind`` parameter of this name is not a hyperparameter: the trainer passes the run's
+# ``model`` config section to the factories whose ``bind`` declares it.
+MODEL_CONFIG = "model_config"
+
+
+def factory(
+    name: str,
+    settings_type: type,
+    rules: Mapping[str, Rule],
+    bind: Callable[..., Any],
+    *,
+    validate: Callable[[Mapping[str, Any]], None] | None = None,
+) -> Callable[..., Any]:
+    """The registry factory of a method: keyword arguments -> checked ``Settings`` -> bundle.
+
+    Args:
+      name: the method's registry name (the first word of every message).
+      settings_type: the method's ``Settings``, a NamedTuple or a frozen dataclass (which
+        may extend a shared one, e.g. ``ncljax.methods.coteaching.Settings``); every field
+        has a default.
+      rules: a :class:`Rule` for every field (:func:`check`).
+      bind: ``bind(settings) -> Method``, or ``bind(settings, model_config) -> Method``
+        for a method that reads the run's ``model`` config section.
+      validate: ``validate(values)``, constraints between arguments (:func:`require`),
+        run after every argument passed its own rule.
+
+    Returns:
+      ``make(**kwargs) -> Method`` whose signature lists the settings (keyword-only, with
+      their defaults) and ``model_config`` where ``bind`` takes it.
+    """
+    defaults = _defaults(name, settings_type)
+    takes_model = MODEL_CONFIG in inspect.signature(bind).parameters
+
+    def make(**kwargs):
+        model_config = kwargs.pop(MODEL_CONFIG, None)
+        unknown = sorted(set(kwargs) - set(defaults))
+        if unknown:
+            raise TypeError(f"{name}() got unexpected keyword arguments {unknown}.")
+        values = {field: kwargs.get(field, default) for field, default in defaults.items()}
+        check(name, values, rules)
+        if validate is not None:
+            validate(values)
+        s = settings_type(**values)
+        return bind(s, model_config=model_config) if takes_model else bind(s)
+
+    params = [
+        inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default)
+        for field, default in defaults.items()
+    ]
+    if takes_model:
+        params.append(inspect.Parameter(MODEL_CONFIG, inspect.Parameter.KEYWORD_ONLY, default=None))
+    make.__signature__ = inspect.Signature(params)
+    make.__name__ = make.__qualname__ = name
+    make.__doc__ = (
+        f"{name} as a method bundle: the keyword arguments are the fields of its "
+        f"``{settings_type.__qualname__}`` (checked, then bound).\n\n{settings_type.__doc__ or ''}"
+    )
+    make.Settings = settings_type
+    return make
+
+
+def _defaults(name: str, settings_type: type) -> dict[str, Any]:
+    """The fields of a ``Settings`` type (NamedTuple or dataclass) with their defaults."""
+    if dataclasses.is_dataclass(settings_type):
+        defaults = {f.name: f.default for f in dataclasses.fields(settings_type)}
+    else:
+        defaults = {
+            f: settings_type._field_defaults.get(f, dataclasses.MISSING)
+            for f in settings_type._fields
+        }
+    missing = [f for f, d in defaults.items() if d is dataclasses.MISSING]
+    if missing:
+        raise TypeError(
+            f"{name}: the fields {missing} of {settings_type.__qualname__} need defaults."
+        )
+    return defaults

@@ -18,7 +18,7 @@ is per batch (no per-epoch pass over the training set, no GMM, one network):
 
 The threshold and margins are the paper's constants (``calibration='paper'``) or
 calibrated on the energies of the last warm-up epoch (``'data'``, the default; see
-``srem``); a batch whose division selects no pair or every pair trains the warm-up
+``Settings``); a batch whose division selects no pair or every pair trains the warm-up
 objective. The warm-up's complementary labels are uniform (``warmup_rectify``).
 
 ``warmup_epochs`` of complementary learning alone, then the main objective
@@ -51,14 +51,16 @@ after every epoch the energies of clean and noisy pairs (histograms in
 ``workdir/diagnostics/``, from per-pair memory rows written by the training steps; a
 pair the epoch's last partial batch skipped keeps its previous values).
 
-No official code was released: every value the spec marks inferred or unknown is an
-argument below with the spec's suggestion (``srem.md`` Sec. 5.3, 8).
+No official code was released: every value the spec marks inferred or unknown is a
+field of :class:`Settings` with the spec's suggestion (``srem.md`` Sec. 5.3, 8).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,59 +76,10 @@ _ROWS = ("energy_i2t", "energy_t2i", "clean_i2t", "clean_t2i", "division_fallbac
 CALIBRATIONS = ("data", "paper")
 
 
-def _validate(kwargs: dict) -> None:
-    """Refuses the bad hyperparameters, one clause each on one line (``settings.check``)."""
-    choices = {
-        "cl_reduction": srem_losses.CL_REDUCTIONS,
-        "cl_prob": srem_losses.CL_PROBS,
-        "rectify": srem_losses.RECTIFY,
-        "warmup_rectify": srem_losses.RECTIFY,
-        "sgw_indicator": selection.SGW_INDICATORS,
-        "clean_set": selection.CLEAN_SETS,
-        "calibration": CALIBRATIONS,
-    }
-    spec = {name: settings.one_of(*allowed) for name, allowed in choices.items()}
-    spec |= dict.fromkeys(("tau", "m_clean", "m_noisy", "ms_b", "cosine_shift"), settings.FINITE)
-    spec |= dict.fromkeys(("alpha", "lambda1", "lambda2"), settings.NON_NEGATIVE)
-    spec |= dict.fromkeys(("ms_beta", "rcl_tau", "cosine_temperature"), settings.POSITIVE)
-    spec |= dict.fromkeys(("gradient_weighting", "warmup_lambda2"), settings.BOOLEAN)
-    spec["warmup_epochs"] = settings.NON_NEGATIVE_INT
-    settings.check("srem", kwargs, spec)
-    settings.require(
-        kwargs["m_clean"] <= kwargs["m_noisy"],
-        "srem",
-        "m_clean",
-        f"<= m_noisy={kwargs['m_noisy']} (clean energies are pushed below it, noisy above)",
-        kwargs["m_clean"],
-    )
-
-
-def srem(
-    *,
-    tau: float = -2.0,
-    m_clean: float = -4.0,
-    m_noisy: float = 0.0,
-    alpha: float = 0.2,
-    ms_beta: float = 50.0,
-    ms_b: float = 0.5,
-    lambda1: float = 0.05,
-    lambda2: float = 1.0,
-    cl_reduction: str = "sum",
-    cl_prob: str = "softmax",
-    rcl_tau: float = 0.05,
-    rectify: str = "biased",
-    sgw_indicator: str = "literal",
-    gradient_weighting: bool = True,
-    clean_set: str = "per_direction",
-    warmup_epochs: int = 5,
-    warmup_lambda2: bool = False,
-    cosine_temperature: float = 0.1,
-    cosine_shift: float = 0.5,
-    calibration: str = "data",
-    warmup_rectify: str = "uniform",
-) -> base.Method:
-    r"""SREM as a method bundle. [paper] values are the paper's; [spec] the spec's inference
-    or suggestion where the paper says nothing (``srem.md`` Sec. 5.3, 8).
+class Settings(NamedTuple):
+    r"""SREM's hyperparameters (``config.method_kwargs``): the factory's arguments. [paper]
+    values are the paper's; [spec] the spec's inference or suggestion where the paper says
+    nothing (``srem.md`` Sec. 5.3, 8).
 
     **Calibration** (``calibration='data'``, the default; ``'paper'`` keeps the constants
     ``tau``, ``m_clean``, ``m_noisy`` below exactly, as the configs do on f30k, coco and
@@ -176,7 +129,24 @@ def srem(
     values (the previous calibration is kept); the refresh diagnostic
     ``division_fallback`` is 1 for such an epoch.
 
-    Args:
+    **Warm-up from a random start.** Eq. 10 weights a negative by
+    :math:`\exp(\beta(S_{ij} - b))` with the absolute offset ``b = 0.5`` on the sigmoid
+    score. With the model's scores well below ``b`` (the cosine head's at cosines near 0,
+    as on ``small_global``) ``Q`` is uniform and the warm-up is plain complementary learning; once
+    the scores of a random model sit near or above ``b`` (the cosine head's common level
+    is free under the row softmax and drifts there on some data: energies of -5.5 at
+    ``B = 64``, -7.5 at ``B = 256``), ``Q`` is biased by up to a factor ``e`` towards
+    whatever the random model ranks high. Near a flat softmax the positive's pull is only
+    :math:`p_{ii} \approx 1/B`, and the gradient of the biased term instead moves 85-93%
+    of the negatives *up* (towards the ones ``Q`` favours), about four times the
+    positive's pull summed over a row: the warm-up equalises the similarities instead of
+    learning them (``synthetic,world=strong_classes`` at 40% noise: validation rSum 248
+    after epoch 0, 183 after epoch 1; the loss flat at its uniform value ~2.0). With
+    uniform complementary labels in the warm-up it learns (326, then 378) and the main
+    phase, which rectifies with ``rectify``, starts from a model whose similarities mean
+    something (test rSum 186 -> 269 on that world; 237 -> 437 on ``large_global``).
+
+    Attributes:
       tau: energy threshold of the clean split (Eq. 2) [spec: -2, between the margins;
         the spec suggests a sweep over -4..0]; with ``calibration='data'`` only for the
         first epoch of a run without warm-up. A threshold that selects nothing is allowed;
@@ -211,228 +181,271 @@ def srem(
       calibration: ``'data'`` (threshold and margins from the last warm-up epoch's
         energies, see above) [ncljax] or ``'paper'`` (``tau``, ``m_clean``, ``m_noisy`` as given).
       warmup_rectify: the complementary labels of the warm-up, ``'uniform'`` [ncljax; see
-        below] or ``'biased'`` (``rectify``'s Eqs. 10-12 from the first step, the paper's
-        reading; the configs of f30k, coco and cc152k); the main phase uses ``rectify``.
-
-    **Warm-up from a random start.** Eq. 10 weights a negative by
-    :math:`\exp(\beta(S_{ij} - b))` with the absolute offset ``b = 0.5`` on the sigmoid
-    score. With the model's scores well below ``b`` (the cosine head's at cosines near 0,
-    as on ``small_global``) ``Q`` is uniform and the warm-up is plain complementary learning; once
-    the scores of a random model sit near or above ``b`` (the cosine head's common level
-    is free under the row softmax and drifts there on some data: energies of -5.5 at
-    ``B = 64``, -7.5 at ``B = 256``), ``Q`` is biased by up to a factor ``e`` towards
-    whatever the random model ranks high. Near a flat softmax the positive's pull is only
-    :math:`p_{ii} \approx 1/B`, and the gradient of the biased term instead moves 85-93%
-    of the negatives *up* (towards the ones ``Q`` favours), about four times the
-    positive's pull summed over a row: the warm-up equalises the similarities instead of
-    learning them (``synthetic,world=strong_classes`` at 40% noise: validation rSum 248
-    after epoch 0, 183 after epoch 1; the loss flat at its uniform value ~2.0). With
-    uniform complementary labels in the warm-up it learns (326, then 378) and the main
-    phase, which rectifies with ``rectify``, starts from a model whose similarities mean
-    something (test rSum 186 -> 269 on that world; 237 -> 437 on ``large_global``).
+        "Warm-up from a random start" above] or ``'biased'`` (``rectify``'s Eqs. 10-12
+        from the first step, the paper's reading; the configs of f30k, coco and cc152k);
+        the main phase uses ``rectify``.
     """
-    kwargs = dict(locals())
-    _validate(kwargs)
-    if cl_prob == "sigmoid" and warmup_epochs:
-        logging.warning(
-            "srem: cl_prob='sigmoid' in a warm-up of complementary learning alone has the "
-            "trivial solution 'every similarity -> 0' (srem.md Sec. 8, item 10)."
-        )
-    logging.info(
-        "srem: values the paper does not give (srem.md Sec. 8): tau=%s alpha=%s ms_beta=%s "
-        "ms_b=%s lambda1=%s lambda2=%s cl_reduction=%s cl_prob=%s sgw_indicator=%s "
-        "clean_set=%s",
-        tau,
-        alpha,
-        ms_beta,
-        ms_b,
-        lambda1,
-        lambda2,
-        cl_reduction,
-        cl_prob,
-        sgw_indicator,
-        clean_set,
+
+    tau: float = -2.0
+    m_clean: float = -4.0
+    m_noisy: float = 0.0
+    alpha: float = 0.2
+    ms_beta: float = 50.0
+    ms_b: float = 0.5
+    lambda1: float = 0.05
+    lambda2: float = 1.0
+    cl_reduction: str = "sum"
+    cl_prob: str = "softmax"
+    rcl_tau: float = 0.05
+    rectify: str = "biased"
+    sgw_indicator: str = "literal"
+    gradient_weighting: bool = True
+    clean_set: str = "per_direction"
+    warmup_epochs: int = 5
+    warmup_lambda2: bool = False
+    cosine_temperature: float = 0.1
+    cosine_shift: float = 0.5
+    calibration: str = "data"
+    warmup_rectify: str = "uniform"
+
+
+_CHOICES = {
+    "cl_reduction": srem_losses.CL_REDUCTIONS,
+    "cl_prob": srem_losses.CL_PROBS,
+    "rectify": srem_losses.RECTIFY,
+    "warmup_rectify": srem_losses.RECTIFY,
+    "sgw_indicator": selection.SGW_INDICATORS,
+    "clean_set": selection.CLEAN_SETS,
+    "calibration": CALIBRATIONS,
+}
+# The rule of each setting (``settings.check``), in the order its messages are joined.
+CHECKS = {name: settings.one_of(*allowed) for name, allowed in _CHOICES.items()}
+CHECKS |= dict.fromkeys(("tau", "m_clean", "m_noisy", "ms_b", "cosine_shift"), settings.FINITE)
+CHECKS |= dict.fromkeys(("alpha", "lambda1", "lambda2"), settings.NON_NEGATIVE)
+CHECKS |= dict.fromkeys(("ms_beta", "rcl_tau", "cosine_temperature"), settings.POSITIVE)
+CHECKS |= dict.fromkeys(("gradient_weighting", "warmup_lambda2"), settings.BOOLEAN)
+CHECKS["warmup_epochs"] = settings.NON_NEGATIVE_INT
+
+
+def validate(values) -> None:
+    """Refuses ``m_clean > m_noisy`` (after every setting passed its own rule)."""
+    settings.require(
+        values["m_clean"] <= values["m_noisy"],
+        "srem",
+        "m_clean",
+        f"<= m_noisy={values['m_noisy']} (clean energies are pushed below it, noisy above)",
+        values["m_clean"],
     )
-    objective = functools.partial(
-        losses.srem_loss,
-        margin=alpha,
-        beta=ms_beta,
-        offset=ms_b,
-        lambda1=lambda1,
-        lambda2=lambda2,
-        cl_reduction=cl_reduction,
-        cl_prob=cl_prob,
-        rcl_temperature=rcl_tau,
-        rectify=rectify,
-        sgw_indicator=sgw_indicator,
-        gradient_weighting=gradient_weighting,
-        clean_set=clean_set,
-        warmup_lambda2=warmup_lambda2,
+
+
+def calibrated(s: Settings) -> bool:
+    """Whether the division is measured on the data (``calibration='data'``)."""
+    return s.calibration == "data"
+
+
+def paper_division(s: Settings) -> jax.Array:
+    """The given threshold and margins, ``[direction, (tau, m_clean, m_noisy)]`` ``[2, 3]``."""
+    return jnp.asarray([[s.tau, s.m_clean, s.m_noisy]] * 2, jnp.float32)
+
+
+def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+    """Zero energies and splits per pair (``energy_epoch`` -1: written by no epoch yet) and
+    the given division as the calibration."""
+    zeros = jnp.zeros(ctx.num_samples, jnp.float32)
+    samples = {name: zeros for name in _ROWS}
+    samples["energy_epoch"] = jnp.full(ctx.num_samples, -1.0, jnp.float32)
+    return base.Memory(samples=samples, state={"calibration": paper_division(s)})
+
+
+def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=None):
+    """The model's outputs with the division in use (``energy_calibration`` ``[2, 3]``)."""
+    del s, phase, ctx
+    outputs = model(batch, train=train, rngs=rngs)
+    return outputs | {"energy_calibration": memory_state["calibration"]}
+
+
+def logits(s: Settings, outputs) -> jax.Array:
+    """``F`` ``[B, B]``: the head's logit, or the cosine head's shifted, scaled cosine."""
+    if "logit" in outputs:
+        return outputs["logit"]
+    return (outputs["sim"] - s.cosine_shift) / s.cosine_temperature
+
+
+def objective(s: Settings, logit, *, warmup: bool, division, where):
+    """``ncljax.losses.srem_loss`` with the settings and the division ``[2, 3]`` in use."""
+    return losses.srem_loss(
+        logit,
+        warmup=warmup,
+        threshold=division[:, 0],
+        m_clean=division[:, 1],
+        m_noisy=division[:, 2],
+        where=where,
+        margin=s.alpha,
+        beta=s.ms_beta,
+        offset=s.ms_b,
+        lambda1=s.lambda1,
+        lambda2=s.lambda2,
+        cl_reduction=s.cl_reduction,
+        cl_prob=s.cl_prob,
+        rcl_temperature=s.rcl_tau,
+        rectify=s.rectify,
+        sgw_indicator=s.sgw_indicator,
+        gradient_weighting=s.gradient_weighting,
+        clean_set=s.clean_set,
+        warmup_lambda2=s.warmup_lambda2,
         fallback=True,
-        warmup_rectify=warmup_rectify,
+        warmup_rectify=s.warmup_rectify,
     )
-    paper = jnp.asarray([[tau, m_clean, m_noisy]] * 2, jnp.float32)  # [direction, quantity]
-    calibrated = calibration == "data"
 
-    def init_memory(ctx: base.InitContext) -> base.Memory:
-        zeros = jnp.zeros(ctx.num_samples, jnp.float32)
-        samples = {name: zeros for name in _ROWS}
-        samples["energy_epoch"] = jnp.full(ctx.num_samples, -1.0, jnp.float32)
-        return base.Memory(samples=samples, state={"calibration": paper})
 
-    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
-        del phase, ctx
-        outputs = model(batch, train=train, rngs=rngs)
-        return outputs | {"energy_calibration": memory_state["calibration"]}
-
-    def logits_of(outputs, where):
-        if "logit" in outputs:
-            return outputs["logit"]
-        del where
-        return (outputs["sim"] - cosine_shift) / cosine_temperature
-
-    def loss_fn(outputs, batch, rows, peer_rows, ctx):
-        del rows, peer_rows
-        warmup = ctx.phase == base.WARMUP
-        division = outputs.get("energy_calibration", paper) if calibrated else paper
-        loss, views = objective(
-            logits_of(outputs, batch["mask"]),
-            warmup=warmup,
-            threshold=division[:, 0],
-            m_clean=division[:, 1],
-            m_noisy=division[:, 2],
-            where=batch["mask"],
-        )
-        i2t, t2i = views["i2t"], views["t2i"]
-        clean_i2t, clean_t2i = i2t.clean.astype(jnp.float32), t2i.clean.astype(jnp.float32)
-        fell_back = jnp.asarray(i2t.fallback | t2i.fallback, jnp.float32)
-        fell_back = jnp.broadcast_to(fell_back, clean_i2t.shape)
-        metrics = {
-            "selected_i2t": clean_i2t,
-            "selected_t2i": clean_t2i,
-            "energy_i2t": i2t.energy,
-            "energy_t2i": t2i.energy,
-            "loss_complementary": i2t.complementary + t2i.complementary,
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """The per-pair objective, its terms and splits as metrics, and the memory rows
+    (energies, splits, fallback, the epoch that wrote them)."""
+    del rows, peer_rows
+    warmup = ctx.phase == base.WARMUP
+    paper = paper_division(s)
+    division = outputs.get("energy_calibration", paper) if calibrated(s) else paper
+    per_pair, views = objective(
+        s, logits(s, outputs), warmup=warmup, division=division, where=batch["mask"]
+    )
+    i2t, t2i = views["i2t"], views["t2i"]
+    clean_i2t, clean_t2i = i2t.clean.astype(jnp.float32), t2i.clean.astype(jnp.float32)
+    fell_back = jnp.asarray(i2t.fallback | t2i.fallback, jnp.float32)
+    fell_back = jnp.broadcast_to(fell_back, clean_i2t.shape)
+    metrics = {
+        "selected_i2t": clean_i2t,
+        "selected_t2i": clean_t2i,
+        "energy_i2t": i2t.energy,
+        "energy_t2i": t2i.energy,
+        "loss_complementary": i2t.complementary + t2i.complementary,
+    }
+    memory = {
+        "energy_i2t": i2t.energy,
+        "energy_t2i": t2i.energy,
+        "clean_i2t": clean_i2t,
+        "clean_t2i": clean_t2i,
+        "division_fallback": fell_back,
+        "energy_epoch": jnp.broadcast_to(jnp.asarray(ctx.epoch, jnp.float32), clean_i2t.shape),
+    }
+    loss_weight = None
+    if not warmup:
+        metrics |= {
+            "loss_hinge": 0.5 * (i2t.hinge + t2i.hinge),
+            "loss_energy": i2t.energy_loss + t2i.energy_loss,
+            "weight_i2t": i2t.weight,
+            "weight_t2i": t2i.weight,
+            "division_fallback": fell_back,
         }
-        aux = {
-            "metrics": metrics,
-            "memory": {
-                "energy_i2t": i2t.energy,
-                "energy_t2i": t2i.energy,
-                "clean_i2t": clean_i2t,
-                "clean_t2i": clean_t2i,
-                "division_fallback": fell_back,
-                "energy_epoch": jnp.broadcast_to(
-                    jnp.asarray(ctx.epoch, jnp.float32), clean_i2t.shape
-                ),
-            },
-            "clean_estimates": {"i2t": clean_i2t, "t2i": clean_t2i},
-        }
-        if not warmup:
-            metrics |= {
-                "loss_hinge": 0.5 * (i2t.hinge + t2i.hinge),
-                "loss_energy": i2t.energy_loss + t2i.energy_loss,
-                "weight_i2t": i2t.weight,
-                "weight_t2i": t2i.weight,
-                "division_fallback": fell_back,
-            }
-            aux["loss_weight"] = i2t.pull + t2i.pull
-        return loss, aux
+        loss_weight = i2t.pull + t2i.pull
+    aux = base.Aux(
+        metrics=metrics,
+        memory=memory,
+        clean_estimates={"i2t": clean_i2t, "t2i": clean_t2i},
+        loss_weight=loss_weight,
+    )
+    return per_pair, aux
 
-    def calibrate(memory, epoch):
-        """The division calibrated on the energies the previous epoch's steps wrote, or
-        the previous one where they divide nothing; and whether it fell back."""
-        s = memory.samples
-        previous = memory.state.get("calibration", paper)
-        if not calibrated:
-            return previous, False, {}
-        if epoch > max(warmup_epochs, 1):  # frozen since the first main epoch
-            return previous, False, {}
-        last = None
-        if "energy_epoch" in s:  # the pairs the epoch that ended trained on
-            last = np.asarray(s["energy_epoch"]) == epoch - 1
-        rows, degenerate, diagnostics = [], False, {}
-        for i, d in enumerate(_DIRECTIONS):
-            fit = selection.calibrate_energy(s[f"energy_{d}"], where=last)
-            diagnostics[f"calibrated_clean_fraction_{d}"] = float(fit.clean_fraction)
-            if bool(fit.degenerate):
-                degenerate = True
-                rows.append(previous[i])
-                continue
-            rows.append(jnp.stack([fit.threshold, fit.m_clean, fit.m_noisy]))
-        division = jnp.stack(rows).astype(jnp.float32)
-        return division, degenerate, diagnostics
 
-    def division_diagnostics(division):
-        diagnostics = {}
-        for i, d in enumerate(_DIRECTIONS):
-            for j, name in enumerate(("tau", "m_clean", "m_noisy")):
-                diagnostics[f"calibrated_{name}_{d}"] = float(division[i, j])
-        return diagnostics
+def calibrate(s: Settings, memory: base.Memory, epoch: int):
+    """The division calibrated on the energies the previous epoch's steps wrote, or the
+    previous one where they divide nothing: ``(division [2, 3], degenerate, diagnostics)``."""
+    samples = memory.samples
+    previous = memory.state.get("calibration", paper_division(s))
+    if not calibrated(s):
+        return previous, False, {}
+    if epoch > max(s.warmup_epochs, 1):  # frozen since the first main epoch
+        return previous, False, {}
+    last = None
+    if "energy_epoch" in samples:  # the pairs the epoch that ended trained on
+        last = np.asarray(samples["energy_epoch"]) == epoch - 1
+    rows, degenerate, diagnostics = [], False, {}
+    for i, d in enumerate(_DIRECTIONS):
+        fit = selection.calibrate_energy(samples[f"energy_{d}"], where=last)
+        diagnostics[f"calibrated_clean_fraction_{d}"] = float(fit.clean_fraction)
+        if bool(fit.degenerate):
+            degenerate = True
+            rows.append(previous[i])
+            continue
+        rows.append(jnp.stack([fit.threshold, fit.m_clean, fit.m_noisy]))
+    division = jnp.stack(rows).astype(jnp.float32)
+    return division, degenerate, diagnostics
 
-    def refresh_fn(memory, stats, ctx):
-        del stats
-        s = memory.samples
-        fractions = {d: float(np.asarray(s[f"clean_{d}"]).mean()) for d in _DIRECTIONS}
-        fell_back = np.asarray(s.get("division_fallback", np.zeros(1)))
-        if "energy_epoch" in s:  # the pairs the epoch that ended trained on
-            fell_back = fell_back[np.asarray(s["energy_epoch"]) == ctx.epoch - 1]
-        batches_fell_back = float(fell_back.mean()) if fell_back.size else 0.0
-        division, degenerate, diagnostics = calibrate(memory, ctx.epoch)
-        # From the last warm-up epoch on: its (logged) selection is what the main phase meets.
-        divides = ctx.epoch >= max(warmup_epochs, 1)
-        reasons = []
-        if divides and not any(fractions.values()):
-            threshold = "calibrated" if calibrated else tau
-            # The main phase's hinge then pulled no pair: its noisy share is 0 / 0.
-            pulled = (
-                "; nothing was pulled, so its noisy_weight_share is undefined (logged null)"
-                if ctx.epoch - 1 >= warmup_epochs
-                else ""
-            )
-            reasons.append(
-                f"selected no clean pair in epoch {ctx.epoch - 1} (tau={threshold}): a main "
-                f"batch that selects none trains the warm-up objective (fallback){pulled}. "
-                "Raise method_kwargs.tau or use method_kwargs.calibration='data'"
-            )
-        elif divides and batches_fell_back > 0:
-            reasons.append(
-                f"{batches_fell_back:.1%} of the pairs of epoch {ctx.epoch - 1} were in "
-                "batches whose division selected no pair or every pair: those batches "
-                "trained the warm-up objective (fallback)"
-            )
-        if degenerate:
-            reasons.append(
-                f"the energies of epoch {ctx.epoch - 1} hold fewer than two distinct values: "
-                "the previous calibrated threshold and margins are kept (fallback)"
-            )
-        if reasons:
-            logging.warning("srem: network %d %s.", ctx.network, "; ".join(reasons))
-        if calibrated:
-            diagnostics |= division_diagnostics(division)
-        diagnostics |= {f"selected_fraction_{d}": v for d, v in fractions.items()}
-        diagnostics["division_fallback"] = float(bool(reasons))
-        state = dict(memory.state) | {"calibration": division}
-        return base.Memory(samples=s, state=state), diagnostics
 
-    def plan_fn(epoch: int) -> base.EpochPlan:
-        return base.EpochPlan(
-            phase=base.WARMUP if epoch < warmup_epochs else base.MAIN,
-            refresh=epoch > 0,
-            lr_epoch=max(0, epoch - warmup_epochs),
-            min_batch=2,
-            drop_remainder=True,
+def division_diagnostics(division) -> dict[str, float]:
+    """``calibrated_<tau|m_clean|m_noisy>_<direction>`` of a division ``[2, 3]``."""
+    diagnostics = {}
+    for i, d in enumerate(_DIRECTIONS):
+        for j, name in enumerate(("tau", "m_clean", "m_noisy")):
+            diagnostics[f"calibrated_{name}_{d}"] = float(division[i, j])
+    return diagnostics
+
+
+def fallback_reasons(
+    s: Settings, epoch: int, fractions: dict, batches_fell_back: float, degenerate: bool
+) -> list[str]:
+    """Why the epoch that ended (``epoch - 1``) divided nothing or fell back, one clause
+    each (empty: it divided)."""
+    # From the last warm-up epoch on: its (logged) selection is what the main phase meets.
+    divides = epoch >= max(s.warmup_epochs, 1)
+    reasons = []
+    if divides and not any(fractions.values()):
+        threshold = "calibrated" if calibrated(s) else s.tau
+        # The main phase's hinge then pulled no pair: its noisy share is 0 / 0.
+        pulled = (
+            "; nothing was pulled, so its noisy_weight_share is undefined (logged null)"
+            if epoch - 1 >= s.warmup_epochs
+            else ""
         )
+        reasons.append(
+            f"selected no clean pair in epoch {epoch - 1} (tau={threshold}): a main "
+            f"batch that selects none trains the warm-up objective (fallback){pulled}. "
+            "Raise method_kwargs.tau or use method_kwargs.calibration='data'"
+        )
+    elif divides and batches_fell_back > 0:
+        reasons.append(
+            f"{batches_fell_back:.1%} of the pairs of epoch {epoch - 1} were in "
+            "batches whose division selected no pair or every pair: those batches "
+            "trained the warm-up objective (fallback)"
+        )
+    if degenerate:
+        reasons.append(
+            f"the energies of epoch {epoch - 1} hold fewer than two distinct values: "
+            "the previous calibrated threshold and margins are kept (fallback)"
+        )
+    return reasons
 
-    return base.Method(
-        name="srem",
-        init_memory=init_memory,
-        loss_fn=loss_fn,
-        refresh_fn=refresh_fn,
-        plan_fn=plan_fn,
-        forward_fn=forward_fn,
-        clean_score_fn=functools.partial(energy_score, tau=tau),
-        diagnostic_scores_fn=diagnostic_scores,
+
+def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, dict]:
+    """Calibrates the division (``calibration='data'``, up to the first main epoch), warns
+    when the epoch that ended selected nothing or fell back, and reports its selection."""
+    del stats
+    samples = memory.samples
+    fractions = {d: float(np.asarray(samples[f"clean_{d}"]).mean()) for d in _DIRECTIONS}
+    fell_back = np.asarray(samples.get("division_fallback", np.zeros(1)))
+    if "energy_epoch" in samples:  # the pairs the epoch that ended trained on
+        fell_back = fell_back[np.asarray(samples["energy_epoch"]) == ctx.epoch - 1]
+    batches_fell_back = float(fell_back.mean()) if fell_back.size else 0.0
+    division, degenerate, diagnostics = calibrate(s, memory, ctx.epoch)
+    reasons = fallback_reasons(s, ctx.epoch, fractions, batches_fell_back, degenerate)
+    if reasons:
+        logging.warning("srem: network %d %s.", ctx.network, "; ".join(reasons))
+    if calibrated(s):
+        diagnostics |= division_diagnostics(division)
+    diagnostics |= {f"selected_fraction_{d}": v for d, v in fractions.items()}
+    diagnostics["division_fallback"] = float(bool(reasons))
+    state = dict(memory.state) | {"calibration": division}
+    return base.Memory(samples=samples, state=state), diagnostics
+
+
+def plan(s: Settings, epoch: int) -> base.EpochPlan:
+    """``warmup_epochs`` of warm-up, then the main phase; a refresh before every epoch but
+    the first; the learning rate's epochs counted from the end of the warm-up; full batches."""
+    return base.EpochPlan(
+        phase=base.WARMUP if epoch < s.warmup_epochs else base.MAIN,
+        refresh=epoch > 0,
+        lr_epoch=max(0, epoch - s.warmup_epochs),
+        min_batch=2,
+        drop_remainder=True,
     )
 
 
@@ -458,3 +471,42 @@ def diagnostic_scores(memory: base.Memory) -> dict:
         "selected_i2t": s["clean_i2t"],
         "selected_t2i": s["clean_t2i"],
     }
+
+
+def log_settings(s: Settings) -> None:
+    """Logs the values the paper does not give, and warns of a sigmoid warm-up."""
+    if s.cl_prob == "sigmoid" and s.warmup_epochs:
+        logging.warning(
+            "srem: cl_prob='sigmoid' in a warm-up of complementary learning alone has the "
+            "trivial solution 'every similarity -> 0' (srem.md Sec. 8, item 10)."
+        )
+    logging.info(
+        "srem: values the paper does not give (srem.md Sec. 8): tau=%s alpha=%s ms_beta=%s "
+        "ms_b=%s lambda1=%s lambda2=%s cl_reduction=%s cl_prob=%s sgw_indicator=%s "
+        "clean_set=%s",
+        s.tau,
+        s.alpha,
+        s.ms_beta,
+        s.ms_b,
+        s.lambda1,
+        s.lambda2,
+        s.cl_reduction,
+        s.cl_prob,
+        s.sgw_indicator,
+        s.clean_set,
+    )
+
+
+def bind(s: Settings) -> base.Method:
+    """SREM's bundle: the functions above with the settings ``s`` bound."""
+    log_settings(s)
+    return base.bind_module(
+        "srem",
+        sys.modules[__name__],
+        s,
+        clean_score_fn=functools.partial(energy_score, tau=s.tau),
+        diagnostic_scores_fn=diagnostic_scores,
+    )
+
+
+srem = settings.factory("srem", Settings, CHECKS, bind, validate=validate)

@@ -59,15 +59,15 @@ hard-noisy from the next division on (the issue's real-data run: all of them). T
 soft label ranked the pairs far better than ``1 - u`` (noise AUC 0.84 against 0.63).
 Calibrated, ``u`` and ``q`` become the posteriors of two-component mixtures over the
 training set (``ncljax.labels.ugncl.calibrate_signals``) and a determined pair whose
-``q`` the mixture calls clean is clean too (:func:`calibrated_partition`); the factory
-docstring lists each replaced equation. A degenerate division is never trained: see
+``q`` the mixture calls clean is clean too (:func:`calibrated_partition`);
+:class:`Settings` lists each replaced equation. A degenerate division is never trained: see
 *Fallback* there.
 
 The training script was never released: the loop is the spec's reconstruction
-(``ugncl.md`` Sec. 4), and every choice it marks is an argument below with the spec's
-default (recorded in the run's ``config.json``). Where the released code is wrong (the
-trusted margin's NaN, the text-to-image orientation of the ranking terms) the intended
-form is implemented with no switch.
+(``ugncl.md`` Sec. 4), and every choice it marks is a field of :class:`Settings` with
+the spec's default (recorded in the run's ``config.json``). Where the released code is
+wrong (the trusted margin's NaN, the text-to-image orientation of the ranking terms) the
+intended form is implemented with no switch.
 
 Diagnostics (logs only, against the true mask): per step the fraction of each set
 (``set_clean``, ``set_noisy``, ``set_hard_clean``, ``set_hard_noisy``), the precision and
@@ -82,6 +82,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -97,74 +99,12 @@ CALIBRATIONS = ("data", "paper")
 VIEW_FUSIONS = ("auto", *division.VIEW_FUSIONS)
 
 
-def _validate(kwargs: dict) -> None:
-    """Refuses the bad hyperparameters, one clause each on one line (``settings.check``)."""
-    choices = {
-        "evidence_fn": evidence.EVIDENCE_FNS,
-        "division_mode": division.DIVISION_MODES,
-        "view_fusion": VIEW_FUSIONS,
-        "bidir_mode": division.BIDIR_MODES,
-        "division_cadence": CADENCES,
-        "edl_target": division.EDL_TARGETS,
-        "edl_view_aggregation": evidential.EDL_VIEW_AGGREGATIONS,
-        "calibration": CALIBRATIONS,
-    }
-    spec = {name: settings.one_of(*allowed) for name, allowed in choices.items()}
-    spec |= dict.fromkeys(("tau", "sharpness", "cosine_temperature"), settings.POSITIVE)
-    spec |= dict.fromkeys(("xi1", "xi2", "gamma", "delta"), settings.NON_NEGATIVE)
-    spec |= dict.fromkeys(("threshold", "epsilon"), settings.UNIT_INTERVAL)
-    spec |= dict.fromkeys(("lambda_start", "theta"), settings.POSITIVE_INT)
-    spec |= {
-        "curve": settings.greater_than(1),
-        "cosine_shift": settings.FINITE,
-        "warmup_epochs": settings.NON_NEGATIVE_INT,
-        "max_log_evidence": settings.optional(settings.POSITIVE, "no clip"),
-    }
-    settings.check("ugncl", kwargs, spec)
+class Settings(NamedTuple):
+    """UGNCL's hyperparameters (``config.method_kwargs``): the factory's arguments. [paper],
+    [code] (the released model file), [DECL] (the code lineage) and [spec] (the spec's
+    reconstruction) mark where each default comes from (``ugncl.md`` Sec. 5.3, 8).
 
-
-def _check_model(model_config) -> None:
-    if model_config is None:
-        return
-    if model_config.head in ("sgr", "saf") and model_config.sim_output != "raw":
-        raise ValueError(
-            f"ugncl reads the {model_config.head.upper()} head's raw score (its evidence and "
-            "its tanh): set model.sim_output='raw' (configs/ugncl.py does)."
-        )
-
-
-def ugncl(
-    *,
-    tau: float = 0.1,
-    evidence_fn: str = "exp_softplus",
-    max_log_evidence: float | None = None,
-    division_mode: str = "decl_lineage",
-    view_fusion: str = "auto",
-    bidir_mode: str = "sum",
-    division_cadence: str = "epoch",
-    threshold: float = 0.5,
-    epsilon: float = 0.5,
-    edl_target: str = "paper_soft",
-    edl_view_aggregation: str = "per_view_mean",
-    xi1: float = 0.1,
-    xi2: float = 0.8,
-    gamma: float = 0.2,
-    curve: float = 10.0,
-    sharpness: float = 10.0,
-    lambda_start: int = 128,
-    delta: float = 0.025,
-    theta: int = 5,
-    warmup_epochs: int = 5,
-    cosine_temperature: float = 0.1,
-    cosine_shift: float = 0.2,
-    calibration: str = "data",
-    model_config=None,
-) -> base.Method:
-    """UGNCL as a method bundle. [paper], [code] (the released model file), [DECL] (the code
-    lineage) and [spec] (the spec's reconstruction) mark where each default comes from
-    (``ugncl.md`` Sec. 5.3, 8).
-
-    Args:
+    Attributes:
       tau: evidence temperature [paper, code: 0.1].
       evidence_fn: ``'exp_softplus'`` [paper, code] or ``'exp_tanh'`` [DECL].
       max_log_evidence: clip the log-evidence (``None``: no clip [ncljax]; every
@@ -234,265 +174,362 @@ def ugncl(
         the refresh logs a warning with "fallback" and reports ``division_fallback``
         (1). Online, a degenerate batch division trains that batch on the warm-up
         objective (the step metric ``division_fallback``).
-      model_config: the run's ``model`` config section (given by the trainer, not a
-        hyperparameter): the head decides what ``R`` is at evaluation.
+
+    The factory also takes ``model_config``, the run's ``model`` config section (given by
+    the trainer, not a hyperparameter): the head decides what ``R`` is at evaluation.
     """
-    _validate({k: v for k, v in locals().items() if k != "model_config"})
-    _check_model(model_config)
-    cosine = model_config is not None and model_config.head == "cosine"
-    if cosine and xi1 > 0:
-        logging.warning(
-            "ugncl: with the cosine head the KL term (xi1=%s) lowers every cross-modal cosine, "
-            "matching pairs' included, and the division can then find no certain pair "
-            "(measured on the synthetic data; see ncljax/methods/ugncl.py). Set "
-            "method_kwargs.xi1=0 unless you mean to study it.",
-            xi1,
-        )
-    fusion = None if view_fusion == "auto" else view_fusion
-    log_evidence = functools.partial(
-        evidence.log_evidence,
-        temperature=tau,
-        evidence_fn=evidence_fn,
-        max_log_evidence=max_log_evidence,
-    )
-    signals_of = functools.partial(
-        division.division_signals, mode=division_mode, view_fusion=fusion, bidir_mode=bidir_mode
-    )
-    split = functools.partial(division.ugd_partition, threshold=threshold, epsilon=epsilon)
-    calibrated = calibration == "data"
 
-    def divide(u, prediction, q, where=None):
-        """``(codes, u', q', degenerate)``: the division and the uncertainty and soft label
-        its margins and targets read (``v``, ``w`` calibrated; ``u``, ``q`` as the paper).
-        ``degenerate``: a mixture separates nothing, every pair is in one set, or no pair
-        is trusted (``S_C`` and ``S_H^C`` empty)."""
-        valid = jnp.ones(u.shape, bool) if where is None else jnp.asarray(where, bool)
-        if calibrated:
-            cal = division.calibrate_signals(u, q, where=valid)
-            u, q, bad = cal.hard_posterior, cal.clean_posterior, cal.degenerate
-            codes = calibrated_partition(u, prediction, q)
+    tau: float = 0.1
+    evidence_fn: str = "exp_softplus"
+    max_log_evidence: float | None = None
+    division_mode: str = "decl_lineage"
+    view_fusion: str = "auto"
+    bidir_mode: str = "sum"
+    division_cadence: str = "epoch"
+    threshold: float = 0.5
+    epsilon: float = 0.5
+    edl_target: str = "paper_soft"
+    edl_view_aggregation: str = "per_view_mean"
+    xi1: float = 0.1
+    xi2: float = 0.8
+    gamma: float = 0.2
+    curve: float = 10.0
+    sharpness: float = 10.0
+    lambda_start: int = 128
+    delta: float = 0.025
+    theta: int = 5
+    warmup_epochs: int = 5
+    cosine_temperature: float = 0.1
+    cosine_shift: float = 0.2
+    calibration: str = "data"
+
+
+_CHOICES = {
+    "evidence_fn": evidence.EVIDENCE_FNS,
+    "division_mode": division.DIVISION_MODES,
+    "view_fusion": VIEW_FUSIONS,
+    "bidir_mode": division.BIDIR_MODES,
+    "division_cadence": CADENCES,
+    "edl_target": division.EDL_TARGETS,
+    "edl_view_aggregation": evidential.EDL_VIEW_AGGREGATIONS,
+    "calibration": CALIBRATIONS,
+}
+# The rule of each setting (``settings.check``), in the order its messages are joined.
+CHECKS = {name: settings.one_of(*allowed) for name, allowed in _CHOICES.items()}
+CHECKS |= dict.fromkeys(("tau", "sharpness", "cosine_temperature"), settings.POSITIVE)
+CHECKS |= dict.fromkeys(("xi1", "xi2", "gamma", "delta"), settings.NON_NEGATIVE)
+CHECKS |= dict.fromkeys(("threshold", "epsilon"), settings.UNIT_INTERVAL)
+CHECKS |= dict.fromkeys(("lambda_start", "theta"), settings.POSITIVE_INT)
+CHECKS |= {
+    "curve": settings.greater_than(1),
+    "cosine_shift": settings.FINITE,
+    "warmup_epochs": settings.NON_NEGATIVE_INT,
+    "max_log_evidence": settings.optional(settings.POSITIVE, "no clip"),
+}
+
+
+class StepDivision(NamedTuple):
+    """The division a main-phase step trains with (per pair of the batch).
+
+    Attributes:
+      codes: int ``[B]``, the set of each pair (``ncljax.labels.ugncl.SET_NAMES``).
+      uncertainty: ``[B]``, the ``u`` its margins read (``v`` calibrated).
+      soft_label: ``[B]``, the ``q`` its margins and targets read (``w`` calibrated).
+      prediction: bool ``[B]``, whether the pair's counterpart is predicted (Eq. 9).
+      fallback: bool ``[B]``, train the warm-up objective instead (no usable division),
+        or ``None`` where the memory says nothing of it.
+    """
+
+    codes: jax.Array
+    uncertainty: jax.Array
+    soft_label: jax.Array
+    prediction: jax.Array
+    fallback: jax.Array | None
+
+
+def check_model(model_config) -> None:
+    """Refuses an SGR or SAF head that does not return its raw score."""
+    if model_config is None:
+        return
+    if model_config.head in ("sgr", "saf") and model_config.sim_output != "raw":
+        raise ValueError(
+            f"ugncl reads the {model_config.head.upper()} head's raw score (its evidence and "
+            "its tanh): set model.sim_output='raw' (configs/ugncl.py does)."
+        )
+
+
+def calibrated(s: Settings) -> bool:
+    """Whether the division's thresholds are measured on the data (``calibration='data'``)."""
+    return s.calibration == "data"
+
+
+def log_evidence(s: Settings, raw: jax.Array) -> jax.Array:
+    """The log-evidence of raw scores (``ncljax.evidence.log_evidence`` with the settings)."""
+    return evidence.log_evidence(
+        raw, temperature=s.tau, evidence_fn=s.evidence_fn, max_log_evidence=s.max_log_evidence
+    )
+
+
+def division_signals(s: Settings, log_e: jax.Array, where):
+    """``u``, the prediction and ``q`` of each pair (``ncljax.labels.ugncl.division_signals``)."""
+    fusion = None if s.view_fusion == "auto" else s.view_fusion
+    return division.division_signals(
+        log_e, where=where, mode=s.division_mode, view_fusion=fusion, bidir_mode=s.bidir_mode
+    )
+
+
+def paper_partition(s: Settings, u, prediction, q) -> jax.Array:
+    """The paper's division (Eqs. 8-11) at ``threshold`` and ``epsilon``."""
+    return division.ugd_partition(u, prediction, q, threshold=s.threshold, epsilon=s.epsilon)
+
+
+def divide(s: Settings, u, prediction, q, where=None):
+    """``(codes, u', q', degenerate)``: the division and the uncertainty and soft label
+    its margins and targets read (``v``, ``w`` calibrated; ``u``, ``q`` as the paper).
+    ``degenerate``: a mixture separates nothing, every pair is in one set, or no pair
+    is trusted (``S_C`` and ``S_H^C`` empty)."""
+    valid = jnp.ones(u.shape, bool) if where is None else jnp.asarray(where, bool)
+    if calibrated(s):
+        cal = division.calibrate_signals(u, q, where=valid)
+        u, q, bad = cal.hard_posterior, cal.clean_posterior, cal.degenerate
+        codes = calibrated_partition(u, prediction, q)
+    else:
+        codes, bad = paper_partition(s, u, prediction, q), jnp.bool_(False)
+    count = jnp.maximum(valid.sum(), 1)
+    shares = jnp.stack([((codes == c) & valid).sum() for c in range(4)]) / count
+    trusted = shares[division.CLEAN] + shares[division.HARD_CLEAN]
+    bad = bad | (trusted == 0) | (shares.max() >= 1.0)
+    return codes, u, q, bad
+
+
+# The refresh's division over the training set, compiled once per settings.
+_divide_jit = jax.jit(divide, static_argnums=0)
+
+
+def scores(s: Settings, outputs) -> tuple[jax.Array, jax.Array]:
+    """``(R, S)`` ``[W, B, B]``: raw scores and the ranking loss's similarities."""
+    if "logit" in outputs:
+        raw = outputs["logit"]
+        sim = jnp.tanh(raw)
+    else:
+        sim = outputs["sim"]
+        sim = sim[None] if sim.ndim == 2 else sim
+        raw = (sim - s.cosine_shift) / s.cosine_temperature
+    if raw.ndim == 2:
+        raw, sim = raw[None], sim[None]
+    return raw, sim
+
+
+def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+    """Per pair: no division yet (every pair hard-noisy, ``u = 1``), and the warm-up
+    objective until a division is usable (``fallback_warmup``)."""
+    del s
+    n = ctx.num_samples
+    samples = {
+        "uncertainty": jnp.ones(n, jnp.float32),
+        "prediction": jnp.zeros(n, jnp.float32),
+        "soft_label": jnp.zeros(n, jnp.float32),
+        "codes": jnp.full(n, division.HARD_NOISY, jnp.int32),
+        # What the margins and targets read: (v, w) calibrated, (u, q) as the paper.
+        "division_uncertainty": jnp.ones(n, jnp.float32),
+        "division_soft_label": jnp.zeros(n, jnp.float32),
+        # 1 until a division was usable: the fallback trains the warm-up objective.
+        "fallback_warmup": jnp.ones(n, jnp.float32),
+    }
+    return base.Memory(samples=samples, state={})
+
+
+def signal_rows(signals) -> dict[str, jax.Array]:
+    """The memory rows of the division's signals (``uncertainty``, ``prediction`` as 0/1,
+    ``soft_label``)."""
+    return {
+        "uncertainty": signals.uncertainty,
+        "prediction": signals.prediction.astype(jnp.float32),
+        "soft_label": signals.soft_label,
+    }
+
+
+def division_rows(codes, u, q, fallback) -> dict[str, jax.Array]:
+    """The memory rows of a division: its sets, the ``u`` and ``q`` its margins and targets
+    read, and whether a pair trains the warm-up objective (``fallback_warmup``)."""
+    return {
+        "codes": codes.astype(jnp.int32),
+        "division_uncertainty": u,
+        "division_soft_label": q,
+        "fallback_warmup": fallback.astype(jnp.float32),
+    }
+
+
+def stats(s: Settings, outputs, batch) -> dict[str, jax.Array]:
+    """The statistics pass's rows (``division_cadence='epoch'``): the division's signals."""
+    raw, _ = scores(s, outputs)
+    return signal_rows(division_signals(s, log_evidence(s, raw), where=batch["mask"]))
+
+
+def online_division(s: Settings, log_e, mask) -> tuple[StepDivision, dict[str, jax.Array]]:
+    """The batch divided from its own forward (no gradient), and the rows it writes."""
+    signals = division_signals(s, jax.lax.stop_gradient(log_e), where=mask)
+    prediction = signals.prediction
+    codes, u, q, bad = divide(s, signals.uncertainty, prediction, signals.soft_label, where=mask)
+    fallback = jnp.broadcast_to(bad, mask.shape)
+    memory = signal_rows(signals) | division_rows(codes, u, q, fallback)
+    return StepDivision(codes, u, q, prediction, fallback), memory
+
+
+def stored_division(s: Settings, rows) -> StepDivision:
+    """The division the refresh stored in the batch's memory ``rows``."""
+    prediction = rows["prediction"] > 0.5
+    if calibrated(s):
+        u, q = rows["division_uncertainty"], rows["division_soft_label"]
+        codes = calibrated_partition(u, prediction, q)
+    else:
+        u, q = rows["uncertainty"], rows["soft_label"]
+        codes = paper_partition(s, u, prediction, q)
+    fallback = rows["fallback_warmup"] > 0.5 if "fallback_warmup" in rows else None
+    return StepDivision(codes, u, q, prediction, fallback)
+
+
+def objective(
+    s: Settings, log_e, sim, lam, mask, **phase
+) -> tuple[jax.Array, evidential.UGNCLTerms]:
+    """``ncljax.losses.ugncl_loss`` (Eq. 18) with the settings' weights ``xi1``, ``xi2`` and
+    ``lam`` hard negatives; ``phase``: the warm-up's arguments (``warmup``, ``margin``) or
+    the main phase's (``labels``, ``codes``, ``margins``, ``edl_view_aggregation``)."""
+    return losses.ugncl_loss(
+        log_e,
+        sim,
+        num_negatives=lam,
+        kl_weight=s.xi1,
+        robust_weight=s.xi2,
+        where=mask,
+        **phase,
+    )
+
+
+def main_loss(s: Settings, log_e, sim, lam, rows, mask, warm, metrics):
+    """The main phase's per-pair objective (Eq. 18) on the step's division, the warm-up's
+    ``warm = (shares, terms)`` where the division falls back; adds the division's metrics
+    to ``metrics``. Returns ``(shares, terms, fields of base.Aux)``."""
+    if s.division_cadence == "online":
+        d, memory = online_division(s, log_e, mask)
+    else:
+        d, memory = stored_division(s, rows), {}
+    labels = division.edl_targets(d.codes, d.soft_label, d.prediction, kind=s.edl_target)
+    margins = division.trusted_margins(
+        d.codes, d.uncertainty, d.soft_label, margin=s.gamma, curve=s.curve, sharpness=s.sharpness
+    )
+    shares, terms = objective(
+        s,
+        log_e,
+        sim,
+        lam,
+        mask,
+        labels=labels,
+        codes=d.codes,
+        margins=margins,
+        edl_view_aggregation=s.edl_view_aggregation,
+    )
+    if d.fallback is not None:  # no usable division yet: the warm-up objective
+        warm_shares, warm_terms = warm
+        shares = jnp.where(d.fallback, warm_shares, shares)
+        terms = jax.tree.map(lambda a, b: jnp.where(d.fallback, a, b), warm_terms, terms)
+        metrics["division_fallback"] = d.fallback.astype(jnp.float32)
+    member = {name: d.codes == c for c, name in enumerate(division.SET_NAMES)}
+    as_float = {name: m.astype(jnp.float32) for name, m in member.items()}
+    metrics |= {f"set_{name}": value for name, value in as_float.items()}
+    metrics |= {"uncertainty": d.uncertainty, "label": labels, "margin": margins}
+    fields = {
+        "memory": memory,
+        "clean_estimates": {"clean": as_float["clean"], "hard_clean": as_float["hard_clean"]},
+        "noisy_estimates": {"noisy": as_float["noisy"], "hard_noisy": as_float["hard_noisy"]},
+        "loss_weight": labels,
+    }
+    return shares, terms, fields
+
+
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """The per-pair objective: the warm-up's (every label 1, top-``lambda`` on every pair)
+    or the main phase's on the division; ``lambda`` anneals per optimisation step."""
+    del peer_rows
+    mask = batch["mask"]
+    raw, sim = scores(s, outputs)
+    log_e = log_evidence(s, raw)
+    real = mask.sum()
+    lam = division.num_hard_negatives(
+        ctx.step + 1, start=s.lambda_start, rate=s.delta, floor=s.theta, num_real=real
+    )
+    metrics = {"num_negatives": jnp.broadcast_to(lam.astype(jnp.float32), mask.shape)}
+    warm = objective(s, log_e, sim, lam, mask, warmup=True, margin=s.gamma)
+    fields = {}
+    if ctx.phase == base.WARMUP:
+        shares, terms = warm
+    else:
+        shares, terms, fields = main_loss(s, log_e, sim, lam, rows, mask, warm, metrics)
+    metrics |= {"loss_evidential": terms.evidential, "loss_robust": terms.robust}
+    return shares, base.Aux(metrics=metrics, **fields)
+
+
+def warn_degenerate(s: Settings, epoch: int, fractions: dict, samples) -> None:
+    """Says that the division before ``epoch`` is degenerate, why, and what trains instead."""
+    warm = bool(np.asarray(samples["fallback_warmup"]).max() > 0.5)
+    logging.warning(
+        "ugncl: the division before epoch %d is degenerate (%s; %s): every pair "
+        "in one set, no trusted pair, or a mixture that separates nothing. "
+        "fallback: %s. Check method_kwargs.threshold=%s and epsilon=%s "
+        "(calibration=%r).",
+        epoch,
+        ", ".join(f"{k} {v:.3f}" for k, v in fractions.items()),
+        "the trusted robust loss would train on no pair"
+        if fractions["clean"] + fractions["hard_clean"] == 0
+        else "it cannot tell pairs apart",
+        "no usable division yet, the warm-up objective" if warm else "the previous usable division",
+        s.threshold,
+        s.epsilon,
+        s.calibration,
+    )
+
+
+def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, dict]:
+    """Divides the training set from the statistics pass (``stats``; ``None`` online) and
+    keeps the division when it is usable, else the previous one (warns: fallback)."""
+    samples = dict(memory.samples)
+    fallback = False
+    if stats is not None:
+        prediction = stats["prediction"] > 0.5
+        codes, u, q, bad = _divide_jit(s, stats["uncertainty"], prediction, stats["soft_label"])
+        fallback = bool(bad)
+        if fallback:
+            warn_degenerate(s, ctx.epoch, _fractions(codes), samples)
         else:
-            codes, bad = split(u, prediction, q), jnp.bool_(False)
-        count = jnp.maximum(valid.sum(), 1)
-        shares = jnp.stack([((codes == c) & valid).sum() for c in range(4)]) / count
-        trusted = shares[division.CLEAN] + shares[division.HARD_CLEAN]
-        bad = bad | (trusted == 0) | (shares.max() >= 1.0)
-        return codes, u, q, bad
+            samples.update(dict(stats) | division_rows(codes, u, q, jnp.zeros_like(u)))
+    fractions = _fractions(samples["codes"])
+    u = np.asarray(samples["uncertainty"])
+    diagnostics = {f"division_{name}": v for name, v in fractions.items()}
+    diagnostics["division_uncertainty_mean"] = float(u.mean())
+    diagnostics["division_fallback"] = float(fallback)
+    diagnostics["division_warmup"] = float(np.asarray(samples["fallback_warmup"]).mean())
+    return base.Memory(samples=samples, state=memory.state), diagnostics
 
-    divide_jit = jax.jit(divide)
 
-    logging.info(
-        "ugncl: reconstructed choices (ugncl.md Sec. 4, 8): division_mode=%s view_fusion=%s "
-        "division_cadence=%s edl_target=%s edl_view_aggregation=%s xi2=%s delta=%s per step "
-        "evidence_fn=%s max_log_evidence=%s",
-        division_mode,
-        view_fusion,
-        division_cadence,
-        edl_target,
-        edl_view_aggregation,
-        xi2,
-        delta,
-        evidence_fn,
-        max_log_evidence,
+def plan(s: Settings, epoch: int) -> base.EpochPlan:
+    """``warmup_epochs`` of warm-up (not selectable), then a division before every epoch;
+    the learning rate's epochs counted from the end of the warm-up; full batches."""
+    warm = epoch < s.warmup_epochs
+    return base.EpochPlan(
+        phase=base.WARMUP if warm else base.MAIN,
+        refresh=not warm,
+        lr_epoch=max(0, epoch - s.warmup_epochs),
+        selectable=not warm,
+        min_batch=2,
+        drop_remainder=True,
     )
 
-    def scores(outputs, mask):
-        """``(R, S)`` ``[W, B, B]``: raw scores and the ranking loss's similarities."""
-        if "logit" in outputs:
-            raw = outputs["logit"]
-            sim = jnp.tanh(raw)
-        else:
-            sim = outputs["sim"]
-            sim = sim[None] if sim.ndim == 2 else sim
-            raw = (sim - cosine_shift) / cosine_temperature
-        if raw.ndim == 2:
-            raw, sim = raw[None], sim[None]
-        return raw, sim
 
-    def init_memory(ctx: base.InitContext) -> base.Memory:
-        n = ctx.num_samples
-        samples = {
-            "uncertainty": jnp.ones(n, jnp.float32),
-            "prediction": jnp.zeros(n, jnp.float32),
-            "soft_label": jnp.zeros(n, jnp.float32),
-            "codes": jnp.full(n, division.HARD_NOISY, jnp.int32),
-            # What the margins and targets read: (v, w) calibrated, (u, q) as the paper.
-            "division_uncertainty": jnp.ones(n, jnp.float32),
-            "division_soft_label": jnp.zeros(n, jnp.float32),
-            # 1 until a division was usable: the fallback trains the warm-up objective.
-            "fallback_warmup": jnp.ones(n, jnp.float32),
-        }
-        return base.Memory(samples=samples, state={})
-
-    def stats_fn(outputs, batch):
-        raw, _ = scores(outputs, batch["mask"])
-        signals = signals_of(log_evidence(raw), where=batch["mask"])
-        return {
-            "uncertainty": signals.uncertainty,
-            "prediction": signals.prediction.astype(jnp.float32),
-            "soft_label": signals.soft_label,
-        }
-
-    def loss_fn(outputs, batch, rows, peer_rows, ctx):
-        del peer_rows
-        mask = batch["mask"]
-        raw, sim = scores(outputs, mask)
-        log_e = log_evidence(raw)
-        real = mask.sum()
-        lam = division.num_hard_negatives(
-            ctx.step + 1, start=lambda_start, rate=delta, floor=theta, num_real=real
-        )
-        warmup = ctx.phase == base.WARMUP
-        metrics = {"num_negatives": jnp.broadcast_to(lam.astype(jnp.float32), mask.shape)}
-        aux = {"metrics": metrics}
-        warm_shares, warm_terms = losses.ugncl_loss(
-            log_e,
-            sim,
-            num_negatives=lam,
-            warmup=True,
-            margin=gamma,
-            kl_weight=xi1,
-            robust_weight=xi2,
-            where=mask,
-        )
-        if warmup:
-            shares, terms = warm_shares, warm_terms
-        else:
-            fallback = None
-            if division_cadence == "online":
-                signals = signals_of(jax.lax.stop_gradient(log_e), where=mask)
-                prediction = signals.prediction
-                codes, u, q, bad = divide(
-                    signals.uncertainty, prediction, signals.soft_label, where=mask
-                )
-                fallback = jnp.broadcast_to(bad, mask.shape)
-                aux["memory"] = {
-                    "uncertainty": signals.uncertainty,
-                    "prediction": prediction.astype(jnp.float32),
-                    "soft_label": signals.soft_label,
-                    "codes": codes.astype(jnp.int32),
-                    "division_uncertainty": u,
-                    "division_soft_label": q,
-                    "fallback_warmup": fallback.astype(jnp.float32),
-                }
-            else:
-                prediction = rows["prediction"] > 0.5
-                if calibrated:
-                    u, q = rows["division_uncertainty"], rows["division_soft_label"]
-                    codes = calibrated_partition(u, prediction, q)
-                else:
-                    u, q = rows["uncertainty"], rows["soft_label"]
-                    codes = split(u, prediction, q)
-                if "fallback_warmup" in rows:
-                    fallback = rows["fallback_warmup"] > 0.5
-            labels = division.edl_targets(codes, q, prediction, kind=edl_target)
-            margins = division.trusted_margins(
-                codes, u, q, margin=gamma, curve=curve, sharpness=sharpness
-            )
-            shares, terms = losses.ugncl_loss(
-                log_e,
-                sim,
-                labels=labels,
-                codes=codes,
-                margins=margins,
-                num_negatives=lam,
-                kl_weight=xi1,
-                robust_weight=xi2,
-                edl_view_aggregation=edl_view_aggregation,
-                where=mask,
-            )
-            if fallback is not None:  # no usable division yet: the warm-up objective
-                shares = jnp.where(fallback, warm_shares, shares)
-                terms = jax.tree.map(lambda a, b: jnp.where(fallback, a, b), warm_terms, terms)
-                metrics["division_fallback"] = fallback.astype(jnp.float32)
-            member = {name: codes == c for c, name in enumerate(division.SET_NAMES)}
-            as_float = {name: m.astype(jnp.float32) for name, m in member.items()}
-            metrics |= {f"set_{name}": value for name, value in as_float.items()}
-            metrics |= {"uncertainty": u, "label": labels, "margin": margins}
-            aux["clean_estimates"] = {
-                "clean": as_float["clean"],
-                "hard_clean": as_float["hard_clean"],
-            }
-            aux["noisy_estimates"] = {
-                "noisy": as_float["noisy"],
-                "hard_noisy": as_float["hard_noisy"],
-            }
-            aux["loss_weight"] = labels
-        metrics |= {"loss_evidential": terms.evidential, "loss_robust": terms.robust}
-        return shares, aux
-
-    def refresh_fn(memory, stats, ctx):
-        samples = dict(memory.samples)
-        fallback = False
-        if stats is not None:
-            prediction = stats["prediction"] > 0.5
-            codes, u, q, bad = divide_jit(stats["uncertainty"], prediction, stats["soft_label"])
-            new = dict(stats)
-            new |= {
-                "codes": codes.astype(jnp.int32),
-                "division_uncertainty": u,
-                "division_soft_label": q,
-                "fallback_warmup": jnp.zeros_like(u),
-            }
-            fractions = _fractions(codes)
-            fallback = bool(bad)
-            if fallback:
-                warm = bool(np.asarray(samples["fallback_warmup"]).max() > 0.5)
-                logging.warning(
-                    "ugncl: the division before epoch %d is degenerate (%s; %s): every pair "
-                    "in one set, no trusted pair, or a mixture that separates nothing. "
-                    "fallback: %s. Check method_kwargs.threshold=%s and epsilon=%s "
-                    "(calibration=%r).",
-                    ctx.epoch,
-                    ", ".join(f"{k} {v:.3f}" for k, v in fractions.items()),
-                    "the trusted robust loss would train on no pair"
-                    if fractions["clean"] + fractions["hard_clean"] == 0
-                    else "it cannot tell pairs apart",
-                    "no usable division yet, the warm-up objective"
-                    if warm
-                    else "the previous usable division",
-                    threshold,
-                    epsilon,
-                    calibration,
-                )
-            else:
-                samples.update(new)
-        fractions = _fractions(samples["codes"])
-        u = np.asarray(samples["uncertainty"])
-        diagnostics = {f"division_{name}": v for name, v in fractions.items()}
-        diagnostics["division_uncertainty_mean"] = float(u.mean())
-        diagnostics["division_fallback"] = float(fallback)
-        diagnostics["division_warmup"] = float(np.asarray(samples["fallback_warmup"]).mean())
-        return base.Memory(samples=samples, state=memory.state), diagnostics
-
-    def plan_fn(epoch: int) -> base.EpochPlan:
-        warm = epoch < warmup_epochs
-        return base.EpochPlan(
-            phase=base.WARMUP if warm else base.MAIN,
-            refresh=not warm,
-            lr_epoch=max(0, epoch - warmup_epochs),
-            selectable=not warm,
-            min_batch=2,
-            drop_remainder=True,
-        )
-
-    def eval_transform(sim):
-        if cosine:
-            sim = (sim - cosine_shift) / cosine_temperature
-        return log_evidence(sim)
-
-    return base.Method(
-        name="ugncl",
-        init_memory=init_memory,
-        loss_fn=loss_fn,
-        refresh_fn=refresh_fn,
-        stats_fn=stats_fn if division_cadence == "epoch" else None,
-        plan_fn=plan_fn,
-        clean_score_fn=certainty,
-        diagnostic_scores_fn=diagnostic_scores,
-        eval_transform=eval_transform,
-        eval_pool="logmeanexp",
-    )
+def eval_transform(s: Settings, sim: jax.Array, *, cosine: bool) -> jax.Array:
+    """The log-evidence of an evaluation score (the cosine head's scaled and shifted)."""
+    if cosine:
+        sim = (sim - s.cosine_shift) / s.cosine_temperature
+    return log_evidence(s, sim)
 
 
 def calibrated_partition(hard_posterior, prediction, clean_posterior) -> jax.Array:
@@ -527,3 +564,51 @@ def diagnostic_scores(memory: base.Memory) -> dict:
             jnp.float32
         ),
     }
+
+
+def log_settings(s: Settings, cosine: bool) -> None:
+    """Warns of the KL term with the cosine head, and logs the reconstructed choices."""
+    if cosine and s.xi1 > 0:
+        logging.warning(
+            "ugncl: with the cosine head the KL term (xi1=%s) lowers every cross-modal cosine, "
+            "matching pairs' included, and the division can then find no certain pair "
+            "(measured on the synthetic data; see ncljax/methods/ugncl.py). Set "
+            "method_kwargs.xi1=0 unless you mean to study it.",
+            s.xi1,
+        )
+    logging.info(
+        "ugncl: reconstructed choices (ugncl.md Sec. 4, 8): division_mode=%s view_fusion=%s "
+        "division_cadence=%s edl_target=%s edl_view_aggregation=%s xi2=%s delta=%s per step "
+        "evidence_fn=%s max_log_evidence=%s",
+        s.division_mode,
+        s.view_fusion,
+        s.division_cadence,
+        s.edl_target,
+        s.edl_view_aggregation,
+        s.xi2,
+        s.delta,
+        s.evidence_fn,
+        s.max_log_evidence,
+    )
+
+
+def bind(s: Settings, model_config=None) -> base.Method:
+    """UGNCL's bundle: the functions above with the settings ``s`` bound; ``model_config``
+    (the run's ``model`` section) says whether the head is the cosine one."""
+    check_model(model_config)
+    cosine = model_config is not None and model_config.head == "cosine"
+    log_settings(s, cosine)
+    p = functools.partial
+    return base.bind_module(
+        "ugncl",
+        sys.modules[__name__],
+        s,
+        stats_fn=p(stats, s) if s.division_cadence == "epoch" else None,
+        clean_score_fn=certainty,
+        diagnostic_scores_fn=diagnostic_scores,
+        eval_transform=p(eval_transform, s, cosine=cosine),
+        eval_pool="logmeanexp",
+    )
+
+
+ugncl = settings.factory("ugncl", Settings, CHECKS, bind)

@@ -18,15 +18,20 @@ corrected labels (Eq. 15) plus a soft-target InfoNCE whose targets are an OT pla
 the batch's images and texts, with the JSD of their relation distributions to the
 confident set as cost (Eqs. 16-18). No gradient flows through targets or plans.
 
-Every choice the spec (``uot_rcl.md``) marks as ambiguous is an argument with the spec's
-default. The model needs ``model.classifier=True`` (unit prototypes, temperature
-``tau_1`` = ``model.temperature``).
+Every choice the spec (``uot_rcl.md``) marks as ambiguous is a field of :class:`Settings`
+with the spec's default. The model needs ``model.classifier=True`` (unit prototypes,
+temperature ``tau_1`` = ``model.temperature``). The module is UOT-RCL's settings and pure
+functions (:func:`plan`, :func:`forward`, :func:`loss`, :func:`refresh`, ...);
+:func:`bind` makes the bundle and :func:`uot_rcl` is the registry's factory.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,43 +39,16 @@ import numpy as np
 
 from ncljax import losses
 from ncljax.labels import correction, ot
-from ncljax.methods import base, settings
-from ncljax.methods.baselines import ce as _ce
+from ncljax.methods import base, baselines, settings
 
 _WARMUP, _MAIN = base.WARMUP, base.MAIN
 _MASS = settings.interval(0, 1, low_open=True)  # a transported fraction; 1: balanced OT
 
 
-def uot_rcl(
-    *,
-    warmup_epochs: int = 2,
-    momentum: float = 0.99,
-    relation_weight: float = 0.4,
-    neighbours: int = 10,
-    per_class: int = 5,
-    mass_start: float = 0.2,
-    mass_end: float = 0.8,
-    label_epsilon: float = 0.05,
-    label_corner: float = 30.0,
-    label_threshold: float = 1e-6,
-    label_max_iterations: int = 5000,
-    class_marginal: str = "uniform",
-    relation_epsilon: float = 0.1,
-    relation_threshold: float = 1e-5,
-    relation_max_iterations: int = 1000,
-    relation_temperature: float = 1.0,
-    relation_sign: float = 1.0,
-    match_temperature: float = 1.0,
-    confident: str = "jsd",
-    anchors: str = "current",
-    exclude_self: bool = True,
-    vote_normalise: bool = True,
-    knn_chunk: int = 2048,
-    num_networks: int = 1,
-) -> base.Method:
-    """UOT-RCL as a method bundle.
+class Settings(NamedTuple):
+    """UOT-RCL's hyperparameters (``config.method_kwargs``): the factory's arguments.
 
-    Args:
+    Attributes:
       warmup_epochs: epochs of cross-entropy on the observed labels (``E_w`` = 2).
       momentum: ``gamma`` of the soft-target update (Eq. 9; 0.99).
       relation_weight: ``lambda`` of ``L_BHG`` (Eq. 19; 0.4).
@@ -109,202 +87,281 @@ def uot_rcl(
       knn_chunk: query rows per chunk of the neighbour search (memory ``chunk x N``).
       num_networks: 1 (UOT-RCL trains one network).
     """
-    settings.check(
-        "uot_rcl",
-        locals(),
-        {
-            "warmup_epochs": settings.NON_NEGATIVE_INT,
-            "momentum": settings.UNIT_INTERVAL,  # Fig. 4 sweeps 0 to 1
-            "relation_weight": settings.NON_NEGATIVE,
-            "neighbours": settings.POSITIVE_INT,
-            "per_class": settings.POSITIVE_INT,
-            "mass_start": _MASS,
-            "mass_end": _MASS,
-            "label_epsilon": settings.POSITIVE,
-            "label_corner": settings.NON_NEGATIVE,  # 0: the paper's matrix
-            "label_threshold": settings.POSITIVE,
-            "label_max_iterations": settings.POSITIVE_INT,
-            "class_marginal": settings.one_of("uniform", "empirical"),
-            "relation_epsilon": settings.POSITIVE,
-            "relation_threshold": settings.POSITIVE,
-            "relation_max_iterations": settings.POSITIVE_INT,
-            "relation_temperature": settings.POSITIVE,
-            "relation_sign": settings.one_of(1.0, -1.0),
-            "match_temperature": settings.POSITIVE,
-            "confident": settings.one_of("jsd", "random"),
-            "anchors": settings.one_of("current", "snapshot"),
-            "exclude_self": settings.BOOLEAN,
-            "vote_normalise": settings.BOOLEAN,
-            "knn_chunk": settings.POSITIVE_INT,
-            "num_networks": settings.NUM_NETWORKS,
+
+    warmup_epochs: int = 2
+    momentum: float = 0.99
+    relation_weight: float = 0.4
+    neighbours: int = 10
+    per_class: int = 5
+    mass_start: float = 0.2
+    mass_end: float = 0.8
+    label_epsilon: float = 0.05
+    label_corner: float = 30.0
+    label_threshold: float = 1e-6
+    label_max_iterations: int = 5000
+    class_marginal: str = "uniform"
+    relation_epsilon: float = 0.1
+    relation_threshold: float = 1e-5
+    relation_max_iterations: int = 1000
+    relation_temperature: float = 1.0
+    relation_sign: float = 1.0
+    match_temperature: float = 1.0
+    confident: str = "jsd"
+    anchors: str = "current"
+    exclude_self: bool = True
+    vote_normalise: bool = True
+    knn_chunk: int = 2048
+    num_networks: int = 1
+
+
+CHECKS = {
+    "warmup_epochs": settings.NON_NEGATIVE_INT,
+    "momentum": settings.UNIT_INTERVAL,  # Fig. 4 sweeps 0 to 1
+    "relation_weight": settings.NON_NEGATIVE,
+    "neighbours": settings.POSITIVE_INT,
+    "per_class": settings.POSITIVE_INT,
+    "mass_start": _MASS,
+    "mass_end": _MASS,
+    "label_epsilon": settings.POSITIVE,
+    "label_corner": settings.NON_NEGATIVE,  # 0: the paper's matrix
+    "label_threshold": settings.POSITIVE,
+    "label_max_iterations": settings.POSITIVE_INT,
+    "class_marginal": settings.one_of("uniform", "empirical"),
+    "relation_epsilon": settings.POSITIVE,
+    "relation_threshold": settings.POSITIVE,
+    "relation_max_iterations": settings.POSITIVE_INT,
+    "relation_temperature": settings.POSITIVE,
+    "relation_sign": settings.one_of(1.0, -1.0),
+    "match_temperature": settings.POSITIVE,
+    "confident": settings.one_of("jsd", "random"),
+    "anchors": settings.one_of("current", "snapshot"),
+    "exclude_self": settings.BOOLEAN,
+    "vote_normalise": settings.BOOLEAN,
+    "knn_chunk": settings.POSITIVE_INT,
+    "num_networks": settings.NUM_NETWORKS,
+}
+
+
+def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+    """Soft targets at the observed one-hot labels, no corrected labels yet (all zero),
+    an empty confident set of ``num_classes * per_class`` anchors, and the class
+    marginal of the partial OT.
+
+    Raises:
+      ValueError: where the dataset has no class labels.
+    """
+    info, n = ctx.info, ctx.num_samples
+    k = info.num_classes
+    if k < 2:
+        raise ValueError("UOT-RCL needs class labels; the dataset has none.")
+    g = k * s.per_class
+    observed_image = np.asarray(ctx.labels_image, np.int64)
+    observed_text = np.asarray(ctx.labels_text, np.int64)
+    return base.Memory(
+        samples={
+            "targets_image": jax.nn.one_hot(observed_image, k, dtype=jnp.float32),
+            "targets_text": jax.nn.one_hot(observed_text, k, dtype=jnp.float32),
+            "labels": jnp.zeros((n, k), jnp.float32),
+        },
+        state={
+            "anchors_image": jnp.zeros((g, info.image_dim), jnp.float32),
+            "anchors_text": jnp.zeros((g, info.text_dim), jnp.float32),
+            "anchor_mask": jnp.zeros(g, bool),
+            "anchor_z_image": jnp.zeros((g, ctx.embed_dim), jnp.float32),
+            "anchor_z_text": jnp.zeros((g, ctx.embed_dim), jnp.float32),
+            "class_marginal": _marginal(observed_image, observed_text, k, s.class_marginal),
         },
     )
-    warmup_loss = _ce().loss_fn
 
-    def init_memory(ctx: base.InitContext) -> base.Memory:
-        info, n = ctx.info, ctx.num_samples
-        k = info.num_classes
-        if k < 2:
-            raise ValueError("UOT-RCL needs class labels; the dataset has none.")
-        g = k * per_class
-        observed_image = np.asarray(ctx.labels_image, np.int64)
-        observed_text = np.asarray(ctx.labels_text, np.int64)
-        return base.Memory(
-            samples={
-                "targets_image": jax.nn.one_hot(observed_image, k, dtype=jnp.float32),
-                "targets_text": jax.nn.one_hot(observed_text, k, dtype=jnp.float32),
-                "labels": jnp.zeros((n, k), jnp.float32),
-            },
-            state={
-                "anchors_image": jnp.zeros((g, info.image_dim), jnp.float32),
-                "anchors_text": jnp.zeros((g, info.text_dim), jnp.float32),
-                "anchor_mask": jnp.zeros(g, bool),
-                "anchor_z_image": jnp.zeros((g, ctx.embed_dim), jnp.float32),
-                "anchor_z_text": jnp.zeros((g, ctx.embed_dim), jnp.float32),
-                "class_marginal": _marginal(observed_image, observed_text, k, class_marginal),
-            },
-        )
 
-    def forward_fn(model, batch, memory_state, *, train, rngs, phase, ctx=None):
-        del ctx
-        outputs = model(batch, train=train, rngs=rngs)
-        if train and phase == _MAIN and anchors == "current":
-            anchor_image = model.encode_image({"global_image": memory_state["anchors_image"]})
-            anchor_text = model.encode_text({"global_text": memory_state["anchors_text"]})
-            outputs["anchor_z_image"] = jax.lax.stop_gradient(anchor_image["emb"])
-            outputs["anchor_z_text"] = jax.lax.stop_gradient(anchor_text["emb"])
-        elif train and phase == _MAIN:
-            outputs["anchor_z_image"] = memory_state["anchor_z_image"]
-            outputs["anchor_z_text"] = memory_state["anchor_z_text"]
-        if train and phase == _MAIN:
-            outputs["anchor_mask"] = memory_state["anchor_mask"]
+def plan(s: Settings, epoch: int) -> base.EpochPlan:
+    """``warmup_epochs`` epochs of cross-entropy, then the corrected training, each of its
+    epochs after a label correction."""
+    main = epoch >= s.warmup_epochs
+    return base.EpochPlan(phase=_MAIN if main else _WARMUP, refresh=main)
+
+
+def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=None):
+    """The model's outputs; in a main-phase training step also the confident set's
+    embeddings ``anchor_z_image``/``anchor_z_text`` (encoded by the current parameters
+    without gradient, or the epoch's snapshot) and its ``anchor_mask``."""
+    del ctx
+    outputs = model(batch, train=train, rngs=rngs)
+    if not (train and phase == _MAIN):
         return outputs
+    if s.anchors == "current":
+        anchor_image = model.encode_image({"global_image": memory_state["anchors_image"]})
+        anchor_text = model.encode_text({"global_text": memory_state["anchors_text"]})
+        outputs["anchor_z_image"] = jax.lax.stop_gradient(anchor_image["emb"])
+        outputs["anchor_z_text"] = jax.lax.stop_gradient(anchor_text["emb"])
+    else:
+        outputs["anchor_z_image"] = memory_state["anchor_z_image"]
+        outputs["anchor_z_text"] = memory_state["anchor_z_text"]
+    outputs["anchor_mask"] = memory_state["anchor_mask"]
+    return outputs
 
-    def loss_fn(outputs, batch, rows, peer_rows, ctx):
-        if ctx.phase == _WARMUP:
-            return warmup_loss(outputs, batch, rows, peer_rows, ctx)
-        mask = batch["mask"]
-        labels = rows["labels"]  # Q = N * plan rows: the corrected soft labels (Eq. 15)
-        plc = losses.soft_cross_entropy(
-            outputs["image_logits"], labels
-        ) + losses.soft_cross_entropy(outputs["text_logits"], labels)
-        z_image, z_text = outputs["image"]["emb"], outputs["text"]["emb"]
-        relation = functools.partial(
-            correction.relation_scores,
-            anchor_mask=outputs["anchor_mask"],
-            temperature=relation_temperature,
-            sign=relation_sign,
-        )
-        r_image = relation(jax.lax.stop_gradient(z_image), outputs["anchor_z_image"])
-        r_text = relation(jax.lax.stop_gradient(z_text), outputs["anchor_z_text"])
-        cost = correction.jensen_shannon_pairwise(r_image, r_text)  # Eq. 17
-        plan = ot.relation_plan(
-            cost,
-            where=mask,
-            epsilon=relation_epsilon,
-            threshold=relation_threshold,
-            max_iterations=relation_max_iterations,
-        )
-        logits = z_image @ z_text.T / match_temperature
-        bhg = losses.info_nce(logits, plan.image_to_text, where=mask) + losses.info_nce(
-            logits.T, plan.text_to_image, where=mask
-        )  # Eq. 18: the two directions summed
-        metrics = {
-            "loss_plc": plc,
-            "loss_bhg": bhg,
-            "relation_converged": jnp.broadcast_to(plan.converged, plc.shape).astype(jnp.float32),
-        }
-        return plc + relation_weight * bhg, {"metrics": metrics}
 
-    def stats_fn(outputs, batch):
-        del batch
-        return {
-            "z_image": outputs["image"]["emb"],
-            "z_text": outputs["text"]["emb"],
-            "logits_image": outputs["image_logits"],
-            "logits_text": outputs["text_logits"],
-        }
+def relation_plan(s: Settings, outputs, mask: jax.Array) -> ot.RelationPlan:
+    """The batch's image-text OT plan (Eqs. 16-17): relation distributions of the
+    embeddings (no gradient) over the confident set, their pairwise JSD as cost."""
+    relation = functools.partial(
+        correction.relation_scores,
+        anchor_mask=outputs["anchor_mask"],
+        temperature=s.relation_temperature,
+        sign=s.relation_sign,
+    )
+    z_image, z_text = outputs["image"]["emb"], outputs["text"]["emb"]
+    r_image = relation(jax.lax.stop_gradient(z_image), outputs["anchor_z_image"])
+    r_text = relation(jax.lax.stop_gradient(z_text), outputs["anchor_z_text"])
+    cost = correction.jensen_shannon_pairwise(r_image, r_text)  # Eq. 17
+    return ot.relation_plan(
+        cost,
+        where=mask,
+        epsilon=s.relation_epsilon,
+        threshold=s.relation_threshold,
+        max_iterations=s.relation_max_iterations,
+    )
 
-    estimate = jax.jit(
+
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """``L_PLC + lambda L_BHG`` ``[B]`` (Eq. 19): cross-entropy on the corrected labels
+    ``rows['labels']`` (Eq. 15) and the two directions of InfoNCE on the relation plan's
+    targets (Eq. 18). Warm-up: cross-entropy on the observed labels
+    (``baselines.ce_loss``, Eq. 2)."""
+    if ctx.phase == _WARMUP:
+        return baselines.ce_loss(outputs, batch, rows, peer_rows, ctx)
+    mask = batch["mask"]
+    labels = rows["labels"]  # Q = N * plan rows: the corrected soft labels (Eq. 15)
+    plc = losses.soft_cross_entropy(outputs["image_logits"], labels) + losses.soft_cross_entropy(
+        outputs["text_logits"], labels
+    )
+    targets = relation_plan(s, outputs, mask)
+    z_image, z_text = outputs["image"]["emb"], outputs["text"]["emb"]
+    logits = z_image @ z_text.T / s.match_temperature
+    bhg = losses.info_nce(logits, targets.image_to_text, where=mask) + losses.info_nce(
+        logits.T, targets.text_to_image, where=mask
+    )  # Eq. 18: the two directions summed
+    metrics = {
+        "loss_plc": plc,
+        "loss_bhg": bhg,
+        "relation_converged": jnp.broadcast_to(targets.converged, plc.shape).astype(jnp.float32),
+    }
+    return plc + s.relation_weight * bhg, base.Aux(metrics=metrics)
+
+
+def stats(s: Settings, outputs, batch) -> dict:
+    """The estimation's per-pair inputs: embeddings and class logits of both modalities."""
+    del s, batch
+    return {
+        "z_image": outputs["image"]["emb"],
+        "z_text": outputs["text"]["emb"],
+        "logits_image": outputs["image_logits"],
+        "logits_text": outputs["text_logits"],
+    }
+
+
+def estimator(s: Settings) -> Callable:
+    """:func:`_estimate` with the settings bound, jitted:
+    ``(samples, class_marginal, stats, mass, key) -> (samples, confident set, OT result)``."""
+    return jax.jit(
         functools.partial(
             _estimate,
-            per_class=per_class,
-            neighbours=neighbours,
-            momentum=momentum,
-            epsilon=label_epsilon,
-            corner=label_corner * label_epsilon,
-            threshold=label_threshold,
-            max_iterations=label_max_iterations,
-            confident=confident,
-            exclude_self=exclude_self,
-            vote_normalise=vote_normalise,
-            knn_chunk=knn_chunk,
+            per_class=s.per_class,
+            neighbours=s.neighbours,
+            momentum=s.momentum,
+            epsilon=s.label_epsilon,
+            corner=s.label_corner * s.label_epsilon,
+            threshold=s.label_threshold,
+            max_iterations=s.label_max_iterations,
+            confident=s.confident,
+            exclude_self=s.exclude_self,
+            vote_normalise=s.vote_normalise,
+            knn_chunk=s.knn_chunk,
         )
     )
 
-    def refresh_fn(memory, stats, ctx):
-        if ctx.epoch < warmup_epochs:
-            return memory, {}
-        mass = ot.mass_schedule(
-            ctx.epoch,
-            num_epochs=ctx.num_epochs,
-            warmup_epochs=warmup_epochs,
-            start=mass_start,
-            end=mass_end,
-        )
-        samples, confident_set, result = estimate(
-            memory.samples, memory.state["class_marginal"], stats, mass, ctx.rng
-        )
-        fetched = ctx.fetch(np.asarray(confident_set.index))
-        state = dict(memory.state)
+
+def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = None):
+    """The label correction before a main epoch (nothing during the warm-up).
+
+    Args:
+      s: the settings.
+      memory: the network's memory.
+      stats: :func:`stats` of every training pair.
+      ctx: the ``RefreshContext`` (epoch, schedule, key, and ``fetch`` of the confident
+        pairs' raw features).
+      estimate_fn: :func:`estimator`'s result (a bundle compiles it once); ``None``
+        builds it.
+
+    Returns:
+      ``(memory, diagnostics)``: new targets, labels and confident set (anchors); the
+      scheduled and transported mass, the OT's convergence, the selected share.
+    """
+    if ctx.epoch < s.warmup_epochs:
+        return memory, {}
+    estimate_fn = estimator(s) if estimate_fn is None else estimate_fn
+    mass = ot.mass_schedule(
+        ctx.epoch,
+        num_epochs=ctx.num_epochs,
+        warmup_epochs=s.warmup_epochs,
+        start=s.mass_start,
+        end=s.mass_end,
+    )
+    samples, confident_set, result = estimate_fn(
+        memory.samples, memory.state["class_marginal"], stats, mass, ctx.rng
+    )
+    fetched = ctx.fetch(np.asarray(confident_set.index))
+    state = dict(memory.state)
+    state.update(
+        anchors_image=fetched["global_image"],
+        anchors_text=fetched["global_text"],
+        anchor_mask=confident_set.mask,
+    )
+    if s.anchors == "snapshot":
         state.update(
-            anchors_image=fetched["global_image"],
-            anchors_text=fetched["global_text"],
-            anchor_mask=confident_set.mask,
+            anchor_z_image=stats["z_image"][confident_set.index],
+            anchor_z_text=stats["z_text"][confident_set.index],
         )
-        if anchors == "snapshot":
-            state.update(
-                anchor_z_image=stats["z_image"][confident_set.index],
-                anchor_z_text=stats["z_text"][confident_set.index],
-            )
-        if not bool(result.converged):
-            logging.warning(
-                "uot_rcl: the label partial OT of epoch %d did not converge in %d Sinkhorn "
-                "iterations (threshold %g); its labels are approximate. Raise "
-                "method_kwargs.label_max_iterations or label_epsilon.",
-                ctx.epoch,
-                int(result.n_iters),
-                label_threshold,
-            )
-        diagnostics = {
-            "mass": float(mass),
-            "transported_mass": float(result.mass),
-            "ot_converged": float(result.converged),
-            "ot_iterations": float(result.n_iters),
-            "selected_fraction": float(jnp.mean(result.selection > 0.5)),
-            "confident_pairs": float(confident_set.mask.sum()),
-        }
-        return base.Memory(samples=samples, state=state), diagnostics
+    if not bool(result.converged):
+        logging.warning(
+            "uot_rcl: the label partial OT of epoch %d did not converge in %d Sinkhorn "
+            "iterations (threshold %g); its labels are approximate. Raise "
+            "method_kwargs.label_max_iterations or label_epsilon.",
+            ctx.epoch,
+            int(result.n_iters),
+            s.label_threshold,
+        )
+    diagnostics = {
+        "mass": float(mass),
+        "transported_mass": float(result.mass),
+        "ot_converged": float(result.converged),
+        "ot_iterations": float(result.n_iters),
+        "selected_fraction": float(jnp.mean(result.selection > 0.5)),
+        "confident_pairs": float(confident_set.mask.sum()),
+    }
+    return base.Memory(samples=samples, state=state), diagnostics
 
-    def label_estimate_fn(memory):
-        labels = memory.samples["labels"]
-        return jnp.argmax(labels, -1), labels.sum(-1) > 0.5
 
-    def plan_fn(epoch):
-        main = epoch >= warmup_epochs
-        return base.EpochPlan(phase=_MAIN if main else _WARMUP, refresh=main)
+def label_estimate(memory: base.Memory) -> tuple[jax.Array, jax.Array]:
+    """Each pair's corrected label (argmax of ``Q``) and whether it was transported
+    (row mass above 1/2)."""
+    labels = memory.samples["labels"]
+    return jnp.argmax(labels, -1), labels.sum(-1) > 0.5
 
-    return base.Method(
-        name="uot_rcl",
-        init_memory=init_memory,
-        loss_fn=loss_fn,
-        forward_fn=forward_fn,
-        refresh_fn=refresh_fn,
-        stats_fn=stats_fn,
-        plan_fn=plan_fn,
-        label_estimate_fn=label_estimate_fn,
-        num_networks=num_networks,
+
+def bind(s: Settings) -> base.Method:
+    """UOT-RCL's bundle with the settings ``s`` bound."""
+    return base.bind_module(
+        "uot_rcl",
+        sys.modules[__name__],
+        s,
+        refresh_fn=functools.partial(refresh, s, estimate_fn=estimator(s)),
+        label_estimate_fn=label_estimate,
+        num_networks=s.num_networks,
     )
+
+
+uot_rcl = settings.factory("uot_rcl", Settings, CHECKS, bind)
 
 
 def _marginal(labels_image, labels_text, num_classes: int, kind: str) -> jax.Array:

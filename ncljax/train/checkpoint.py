@@ -78,7 +78,7 @@ def _reason(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _muted() -> Iterator[None]:
+def muted() -> Iterator[None]:
     """Mutes what orbax's failed reads and writes print on their own.
 
     A damaged array file fails many of orbax's concurrent reads at once, and a full disk
@@ -112,7 +112,7 @@ def mute_background_errors() -> None:
 
 
 def _settle(manager=None) -> None:
-    """Lets the failed operation's stragglers end (inside ``_muted``)."""
+    """Lets the failed operation's stragglers end (inside ``muted``)."""
     if manager is not None:
         with contextlib.suppress(Exception):
             manager.wait_until_finished()
@@ -121,9 +121,20 @@ def _settle(manager=None) -> None:
     gc.collect()
 
 
-def _attempt(restore: Callable[[], dict]) -> tuple[dict | None, str | None]:
-    """``(restore(), None)``, or ``(None, reason)`` when the checkpoint cannot be restored."""
-    with _muted():
+def attempt(restore: Callable[[], dict]) -> tuple[dict | None, str | None]:
+    """Runs one restore, turning any failure into a one-line reason.
+
+    Inside :func:`muted`; the restored ``meta`` must hold every key of ``META_KEYS``. After a
+    failure the failed reads are let end first, so nothing prints once the caller moves on.
+
+    Args:
+      restore: restores one checkpoint; returns a dict with at least ``'meta'``.
+
+    Returns:
+      ``(restore(), None)``, or ``(None, reason)`` when the checkpoint cannot be restored
+      (a damaged or missing file, whichever layer finds it, or an incomplete progress record).
+    """
+    with muted():
         try:
             out = restore()
             _check_meta(out["meta"])
@@ -210,7 +221,7 @@ class Checkpointer:
         self.keep_best(meta.get("best_step", -1))
 
     def _save(self, manager, step: int, args) -> None:
-        with _muted():
+        with muted():
             try:
                 manager.save(step, args=args)
                 return
@@ -239,7 +250,7 @@ class Checkpointer:
         )
         set_aside = []
         for step in sorted(self._latest.all_steps(), reverse=True):
-            out, reason = _attempt(
+            out, reason = attempt(
                 lambda step=step: self._latest.restore(
                     step,
                     args=ocp.args.Composite(
@@ -333,7 +344,7 @@ class Checkpointer:
                 "be tested. Restore it from a copy, or train again in a new --workdir."
             )
         model = {"params": like.params, "model_state": like.model_state}
-        out, reason = _attempt(
+        out, reason = attempt(
             lambda: self._best.restore(
                 step,
                 args=ocp.args.Composite(

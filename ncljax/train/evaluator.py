@@ -1,5 +1,9 @@
 """The trainer's evaluator: runs a ``TrainState``'s networks over a split (encode in batches,
-then score in chunks) with the metrics of ``ncljax.evaluate``, which defines them all."""
+then score in chunks) with the metrics of ``ncljax.evaluate``, which defines them all.
+
+Each ``config.eval.kind`` is an :class:`EvalKind` of ``EVAL_KINDS`` (``eval_kind(config)``):
+its scorer, the validation metric that selects the best epoch, its one-line log summary and
+its check that a split is large enough for its metrics."""
 
 from __future__ import annotations
 
@@ -128,6 +132,24 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+def _recall_split_problem(dataset, config, split_name: str, hint) -> str | None:
+    """Recall@K: too few images, or (``eval.coco_5fold``) a test split of partial folds."""
+    num_images = dataset.info.split_sizes[split_name][0]
+    fold = evaluate.COCO_FOLD_IMAGES
+    if config.eval.coco_5fold and split_name == "test" and num_images % fold:
+        raise ValueError(
+            f"Invalid config: eval.coco_5fold=True scores the test split in folds of "
+            f"{fold} images, but it holds {num_images}; set eval.coco_5fold=False."
+        )
+    return _recall_problem(split_name, num_images, dataset.info.captions_per_image, hint)
+
+
+def _map_split_problem(dataset, config, split_name: str, hint) -> str | None:
+    """mAP@all: fewer than two classes (or items)."""
+    del config
+    return _map_problem(split_name, np.asarray(dataset.split(split_name).image_labels()), hint)
+
+
 def check_splits(dataset, config, split_names: Sequence[str] = ("val", "test")) -> None:
     """Refuses a split on which the ``config.eval.kind`` metrics do not depend on the model.
 
@@ -135,28 +157,18 @@ def check_splits(dataset, config, split_names: Sequence[str] = ("val", "test")) 
     R@K 100 by construction, and a validation rSum constant across epochs selects the
     first. mAP@all: a split of fewer than two classes (or items) scores 1 by construction.
     ``eval.coco_5fold`` needs a test split of whole 1,000-image folds (each fold then holds
-    enough images).
+    enough images). Each kind's check is its ``EvalKind.split_problem``.
 
     Raises:
       ValueError: one line naming the split, its size, the metric, the size it needs and
         the config field to change (``sources.size_hint``).
     """
-    cpi = dataset.info.captions_per_image
+    kind = eval_kind(config)
     for name in split_names:
         if name not in dataset.info.split_sizes:
             continue
         hint = functools.partial(sources.size_hint, config.data, name)
-        if config.eval.kind == "map":
-            problem = _map_problem(name, np.asarray(dataset.split(name).image_labels()), hint)
-        else:
-            num_images = dataset.info.split_sizes[name][0]
-            fold = evaluate.COCO_FOLD_IMAGES
-            if config.eval.coco_5fold and name == "test" and num_images % fold:
-                raise ValueError(
-                    f"Invalid config: eval.coco_5fold=True scores the test split in folds of "
-                    f"{fold} images, but it holds {num_images}; set eval.coco_5fold=False."
-                )
-            problem = _recall_problem(name, num_images, cpi, hint)
+        problem = kind.split_problem(dataset, config, name, hint)
         if problem:
             raise ValueError(f"Invalid config: {problem}.")
 
@@ -324,8 +336,8 @@ def _score_map(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[s
             "eval.kind='map' scores the mean cosine of embeddings: it needs a method whose "
             f"eval_pool is 'mean' (not {runs[0].pool!r}) and models without image views."
         )
-    emb_image = jnp.concatenate([_flatten_networks(r.images["emb"]) for r in runs], 1)
-    emb_text = jnp.concatenate([_flatten_networks(r.texts["emb"]) for r in runs], 1)
+    emb_image = jnp.concatenate([flatten_networks(r.images["emb"]) for r in runs], 1)
+    emb_text = jnp.concatenate([flatten_networks(r.texts["emb"]) for r in runs], 1)
     scale = 1.0 / np.sqrt(len(runs))
     return evaluate.category_retrieval_metrics(
         emb_image * scale,
@@ -365,11 +377,64 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
     return evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
 
 
-# ``eval.kind`` -> scorer ``(runs, config, mesh, split_name) -> metrics``.
-EVAL_KINDS: dict[str, Callable[..., dict[str, float]]] = {
-    "recall": _score_recall,
-    "map": _score_map,
+# Noise-detection quality, logged after a kind's own metrics when a method estimates it.
+NOISE_SUMMARY_KEYS = ("noise_auc", "noise_precision", "noise_recall")
+
+
+class EvalKind(NamedTuple):
+    """One ``config.eval.kind``: its metrics, how it selects the best epoch and what it needs.
+
+    Attributes:
+      name: the ``config.eval.kind`` value.
+      selection: the validation metric whose maximum selects the best epoch.
+      summary_keys: the metrics of the one-line log summary, in order.
+      split_problem: ``(dataset, config, split_name, hint) -> message or None``; the reason
+        a split is too small for these metrics (``hint(n)``: the config field to change, as
+        ``sources.size_hint``). It may raise ``ValueError`` itself.
+      score: ``(runs, config, mesh, split_name) -> metrics`` of :class:`Encoded` runs.
+    """
+
+    name: str
+    selection: str
+    summary_keys: tuple[str, ...]
+    split_problem: Callable[..., str | None]
+    score: Callable[..., dict[str, float]]
+
+    def summary(self, metrics: dict) -> str:
+        """``key=value`` of the summary keys (then the noise-detection ones) in ``metrics``."""
+        keys = self.summary_keys + tuple(k for k in NOISE_SUMMARY_KEYS if k in metrics)
+        return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
+
+
+# ``eval.kind`` -> its :class:`EvalKind`.
+EVAL_KINDS: dict[str, EvalKind] = {
+    "recall": EvalKind(
+        name="recall",
+        selection="rsum",
+        summary_keys=("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"),
+        split_problem=_recall_split_problem,
+        score=_score_recall,
+    ),
+    "map": EvalKind(
+        name="map",
+        selection="map_avg",
+        summary_keys=("map_avg", "map_i2t", "map_t2i"),
+        split_problem=_map_split_problem,
+        score=_score_map,
+    ),
 }
+
+
+def eval_kind(config) -> EvalKind:
+    """The :class:`EvalKind` of ``config.eval.kind``.
+
+    Raises:
+      ValueError: an unknown kind.
+    """
+    kind = config.eval.kind
+    if kind not in EVAL_KINDS:
+        raise ValueError(f"eval.kind must be one of {tuple(EVAL_KINDS)}, got {kind!r}.")
+    return EVAL_KINDS[kind]
 
 
 def score(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
@@ -387,9 +452,14 @@ def score(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, f
             f"The runs combine similarities differently ({' vs '.join(pools)}); an ensemble "
             "needs one rule (Method.eval_pool)."
         )
-    return EVAL_KINDS[config.eval.kind](runs, config, mesh, split_name)
+    return eval_kind(config).score(runs, config, mesh, split_name)
 
 
-def _flatten_networks(emb: jax.Array) -> jax.Array:
-    """``[n, K, D]`` unit embeddings -> ``[n, K * D]`` whose cosine is the mean over networks."""
+def flatten_networks(emb: jax.Array) -> jax.Array:
+    r"""``[n, K, D]`` unit embeddings -> ``[n, K * D]`` whose cosine is the mean over networks.
+
+    Each network's embedding is scaled by :math:`1 / \sqrt K`, so the rows stay unit vectors
+    and their dot product is :math:`\frac1K \sum_k u_k^\top v_k` (the mAP embeddings, and
+    those that ``ncljax.retrieve`` exports).
+    """
     return emb.reshape(emb.shape[0], -1) / np.sqrt(emb.shape[1])

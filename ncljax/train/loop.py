@@ -29,8 +29,7 @@ import tqdm
 from ncljax import backend, methods, models
 from ncljax.data import pipeline, sources
 from ncljax.methods.base import InitContext
-from ncljax.train import checkpoint, optim, passes, rundir, writers
-from ncljax.train import config as config_lib
+from ncljax.train import checkpoint, optim, passes, rundir, validation, writers
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -65,7 +64,7 @@ def train_and_evaluate(
       callbacks: ``fn(epoch, val_metrics)`` called after each epoch's checkpoint.
       overridden: the config fields given on the command line (``train.py``), so a field
         that a command-line choice leaves unread is warned about rather than refused
-        (``config.ignored_fields``).
+        (``fields.ignored_fields``).
 
     Every field is checked, the data read and the model built before anything is written.
     The run then holds ``workdir/lock`` until it returns or fails.
@@ -83,10 +82,10 @@ def train_and_evaluate(
     if config.distributed:
         jax.distributed.initialize()
     # Every field is checked, and everything built, before anything is written.
-    config_lib.check_fields(config, overridden)
+    validation.check(config, overridden)
     dataset = sources.load_dataset(config.data)
     info = dataset.info
-    config_lib.validate(config, info)
+    validation.check(config, info=info)
     method = methods.build_method(config.method, config.method_kwargs, config.model)
     image_fields, text_fields = models.input_fields(config.model)
     train_split = dataset.split("train")
@@ -97,14 +96,9 @@ def train_and_evaluate(
         image_fields=image_fields,
         text_fields=text_fields,
     )
-    config_lib.check_noise(config.noise, pairs.realised_rate)
+    validation.check(config, realised_rate=pairs.realised_rate)
     mesh = mesh_lib.make_mesh(config.train.num_devices)
-    batch_size = config.train.batch_size
-    if batch_size % mesh.size or config.eval.batch_size % mesh.size:
-        raise ValueError(
-            f"train.batch_size={batch_size} and eval.batch_size={config.eval.batch_size} "
-            f"must be multiples of the {mesh.size} devices (or set train.num_devices)."
-        )
+    validation.check(config, mesh_size=mesh.size)
     tx = optim.make_optimizer(config.optim)
     schedule = optim.learning_rate_schedule(config.optim, num_epochs=config.train.epochs)
     init = InitContext(
@@ -192,7 +186,8 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
         )
     writer.truncate_after(int(state.step) if restored is not None else -1)
 
-    selection = "rsum" if config.eval.kind == "recall" else "map_avg"
+    kind = evaluator_lib.eval_kind(config)
+    selection = kind.selection
     refresh = Refresher(graphdef, method, pairs, mesh, config, num_epochs)
 
     with jax.set_mesh(mesh):
@@ -204,7 +199,7 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             else:
                 state = _start_epoch(run, state, refresh, epoch, plan)
                 stream_sets = passes.epoch_stream_sets(
-                    method, plan, state.memory, epoch, n, method.num_networks
+                    method, plan, state.memory, n, method.num_networks
                 )
                 first_pass, position = 0, 0
             saved_sets = None
@@ -235,7 +230,7 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             val.update(_pass_lengths(epoch_passes))
             val["learning_rate"] = optim.learning_rate(state.opt_state)
             writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
-            tqdm.tqdm.write(f"epoch {epoch}: val " + _summary(val, config.eval.kind))
+            tqdm.tqdm.write(f"epoch {epoch}: val " + kind.summary(val))
             if plan.restart_best:
                 meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
             if plan.selectable:
@@ -274,10 +269,10 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             rundir.atomic_write_json(os.path.join(workdir, "results.json"), test)
         except OSError as e:
             raise rundir.unwritable(workdir, e) from None
-    print(f"test (best val epoch {best_meta['best_epoch']}): " + _summary(test, config.eval.kind))
+    print(f"test (best val epoch {best_meta['best_epoch']}): " + kind.summary(test))
     if config.eval.test_last_epoch:
         last = {k[len("last_") :]: v for k, v in test.items() if k.startswith("last_")}
-        print(f"test (last epoch {num_epochs - 1}): " + _summary(last, config.eval.kind))
+        print(f"test (last epoch {num_epochs - 1}): " + kind.summary(last))
     return test
 
 
@@ -442,13 +437,3 @@ def _check_finite(state, checkpointer) -> None:
             f"{kept}. Check the features for NaN/Inf, or rerun the same command with a lower "
             "--config.optim.learning_rate to resume from the checkpoint."
         )
-
-
-def _summary(metrics: dict, kind: str) -> str:
-    keys = (
-        ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10")
-        if kind == "recall"
-        else ("map_avg", "map_i2t", "map_t2i")
-    )
-    keys += tuple(k for k in ("noise_auc", "noise_precision", "noise_recall") if k in metrics)
-    return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)

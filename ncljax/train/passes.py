@@ -54,11 +54,11 @@ def _indices(value, num_samples: int, what: str) -> np.ndarray:
     return value
 
 
-def method_streams(method: Method, memory, epoch: int, network: int | None, n: int) -> Streams:
+def method_streams(method: Method, memory, plan: EpochPlan, network: int | None, n: int) -> Streams:
     """``method.streams_fn`` checked, with ``None`` main meaning every pair."""
     if method.streams_fn is None:
         return Streams(np.arange(n), None)
-    streams = method.streams_fn(memory, epoch, network)
+    streams = method.streams_fn(memory, plan, network)
     main = np.arange(n) if streams.main is None else _indices(streams.main, n, "a main stream")
     aux = None if streams.aux is None else _indices(streams.aux, n, "an auxiliary stream")
     return Streams(main, aux)
@@ -116,11 +116,12 @@ def plan_passes(
     return passes
 
 
-def epoch_stream_sets(method: Method, plan: EpochPlan, memory, epoch: int, n: int, k: int):
-    """The index sets of every pass of ``epoch`` (asks ``streams_fn`` after the refresh)."""
+def epoch_stream_sets(method: Method, plan: EpochPlan, memory, n: int, k: int):
+    """The index sets of every pass of the epoch ``plan`` describes (asks ``streams_fn``
+    after the refresh)."""
     if plan.in_turn:
-        return [method_streams(method, memory, epoch, net, n) for net in range(k)]
-    return [method_streams(method, memory, epoch, None, n)]
+        return [method_streams(method, memory, plan, net, n) for net in range(k)]
+    return [method_streams(method, memory, plan, None, n)]
 
 
 def encode_streams(stream_sets: list[Streams], num_passes: int, n: int) -> dict[str, np.ndarray]:

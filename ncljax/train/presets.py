@@ -209,6 +209,20 @@ def dataset_hint(path: str, dataset: str) -> str:
     return f"{path} takes only {', '.join(datasets_of(path))}, not {dataset}; {where}"
 
 
+def schedule(
+    config, warmup: int, main: int, decay_every: int | None, *, decay_factor: float | None = None
+) -> ml_collections.ConfigDict:
+    """Sets the epochs of a method with a warm-up: ``warmup + main`` epochs in all, and the
+    step decay of the learning rate every ``decay_every`` main epochs (the plan's
+    ``lr_epoch`` counts from the end of the warm-up; ``None``: no decay set here)."""
+    config.train.epochs = warmup + main
+    if decay_every:
+        config.optim.decay_every = decay_every
+        if decay_factor is not None:
+            config.optim.decay_factor = decay_factor
+    return config
+
+
 def quick(config) -> ml_collections.ConfigDict:
     """A smoke run: one epoch of a real dataset; on the synthetic data, small splits and
     two epochs (three for the noisy-label setting)."""
@@ -223,4 +237,35 @@ def quick(config) -> ml_collections.ConfigDict:
         d.num_train, d.num_val, d.num_test = 256, 32, 64
         config.train.epochs, config.train.log_every_steps = 2, 10
         config.train.batch_size = config.eval.batch_size = 64
+    return config
+
+
+def quick_coteaching(config, dataset: str, second_start: str) -> ml_collections.ConfigDict:
+    """:func:`quick` for a co-teaching method (NCR, PC2): on the synthetic data a warm-up
+    epoch, then two co-training epochs with both updates (the method argument
+    ``second_start`` names the second update's first epoch) on 512 training pairs; on
+    real data its one epoch skips the warm-up and makes both updates."""
+    quick(config)
+    kwargs = config.method_kwargs
+    kwargs.warmup_epochs = kwargs[second_start] = int(dataset == "synthetic")
+    if dataset == "synthetic":
+        config.data.num_train, config.data.num_val = 512, 64
+        config.train.epochs = 3
+    return config
+
+
+def schedule_warmup(
+    config, dataset: str, options, epochs: tuple[int, int, int | None]
+) -> ml_collections.ConfigDict:
+    """The epochs of a method whose warm-up is ``method_kwargs.warmup_epochs`` (SREM,
+    UGNCL), from its row ``epochs = (warm-up, main, lr decay period in main epochs or
+    None)`` of a per-dataset table: the warm-up, :func:`schedule` with x0.1 decays and,
+    with the option ``quick``, a smoke run (:func:`quick`): on the synthetic data a
+    warm-up epoch, then a main one; on real data its one epoch skips the warm-up."""
+    warmup, main, decay_every = epochs
+    config.method_kwargs.warmup_epochs = warmup
+    schedule(config, warmup, main, decay_every, decay_factor=0.1)
+    if "quick" in options:
+        quick(config)
+        config.method_kwargs.warmup_epochs = int(dataset == "synthetic")
     return config

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ncljax.methods.base import LossContext, Memory, Method
+from ncljax.methods.base import Aux, LossContext, Memory, Method
 from ncljax.train import state as state_lib
 from ncljax.train.state import TrainState
 
@@ -105,31 +105,22 @@ def noise_detection_metrics(
     }
 
 
-def _diagnostic_metrics(aux: dict, batch: dict, clean: jax.Array, main=None) -> Metrics:
-    """The method's per-pair clean estimates and loss weights scored against the truth
-    (``main``: the step's main batch, whose captions an update may borrow)."""
+def _diagnostic_metrics(aux: Aux, batch: dict, clean: jax.Array) -> Metrics:
+    """The method's per-pair clean estimates and loss weights scored against the truth."""
     index, mask = batch["index"], batch["mask"]
     truth = jnp.take(clean, index, mode="clip")
     metrics = {}
-    if "clean_estimate" in aux:
-        metrics |= noise_detection_metrics(aux["clean_estimate"], truth, mask)
-    for name, estimate in aux.get("clean_estimates", {}).items():
+    if aux.clean_estimate is not None:
+        metrics |= noise_detection_metrics(aux.clean_estimate, truth, mask)
+    for name, estimate in aux.clean_estimates.items():
         metrics |= noise_detection_metrics(estimate, truth, mask, f"_{name}")
-    for name, estimate in aux.get("noisy_estimates", {}).items():
+    for name, estimate in aux.noisy_estimates.items():
         found = noise_detection_metrics(estimate, ~truth, mask, f"_{name}")
         metrics |= {key.replace("_noise_", "_noisy_", 1): v for key, v in found.items()}
-    if "loss_weight" in aux:
-        weight = jnp.where(mask, aux["loss_weight"], 0.0)
+    if aux.loss_weight is not None:
+        weight = jnp.where(mask, aux.loss_weight, 0.0)
         noisy = jnp.where(truth, 0.0, weight).sum()
         metrics["noisy_weight_share"] = jnp.stack([noisy, weight.sum()])
-    if "pseudo_caption_index" in aux and main is not None:
-        # The class of the borrowed caption against the class of the pair's image.
-        borrowed = jnp.take(main["label_text"], aux["pseudo_caption_index"], mode="clip")
-        image_class = batch["label_image"]
-        known = mask & (image_class >= 0) & (borrowed >= 0)
-        metrics["pseudo_caption_accuracy"] = masked_metric(
-            (borrowed == image_class).astype(jnp.float32), known
-        )
     return metrics
 
 
@@ -176,6 +167,11 @@ def make_train_step(
         per_example, aux = method.loss_fn(
             outputs, batch, rows, peer_rows, ctx._replace(rng=loss_key)
         )
+        if not isinstance(aux, Aux):
+            raise TypeError(
+                f"Method {method.name!r}'s loss_fn returned {type(aux).__name__} as its "
+                "auxiliaries; return an ncljax.methods.Aux."
+            )
         loss = _reduce(per_example, batch["mask"], method.loss_reduction)
         _, _, new_model_state = nnx.split(model, nnx.Param, ...)
         return loss, (per_example, aux, nnx.to_pure_dict(new_model_state))
@@ -217,8 +213,8 @@ def make_train_step(
             )
             updates, new_opt_state = tx.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
-            written = _valid_rows(aux.get("memory", {}), mask)
-            at_index, at_rows = aux.get("memory_at", (None, {}))
+            written = _valid_rows(aux.memory, mask)
+            at_index, at_rows = aux.memory_at or (None, {})
             ok &= _finite(batch) & jnp.isfinite(loss) & _finite(grads) & _finite(written)
             ok &= _finite(at_rows)
             # A zero-gradient Adam step still moves the parameters: no real pair, no step.
@@ -235,10 +231,12 @@ def make_train_step(
                 at_index = jnp.where(real, at_index, num_samples)  # no real pair: no write
                 samples = _scatter_rows(samples, at_index, at_rows)
             step_metrics = {"loss": masked_metric(per_example, mask)}
-            for name, values in aux.get("metrics", {}).items():
+            for name, values in aux.metrics.items():
                 step_metrics[name] = masked_metric(values, mask)
             if clean is not None:
-                step_metrics |= _diagnostic_metrics(aux, batch, clean, batches[0])
+                step_metrics |= _diagnostic_metrics(aux, batch, clean)
+                if method.step_metrics_fn is not None and aux.extra is not None:
+                    step_metrics |= method.step_metrics_fn(aux.extra, batch, batches)
             for name, value in step_metrics.items():
                 metrics[f"{name}_update{u}" if name in metrics else name] = value
         return (params, model_state, opt_state, samples), ok, metrics

@@ -195,7 +195,7 @@ def apply(config, name: str):
       ValueError: an unknown world, a world of the other family, or a config that does
         not train on the synthetic data.
     """
-    from ncljax.train import unread  # late: unread imports the config module
+    from ncljax.train import fields  # late: fields imports the config module
 
     world = get(name)
     if config.data.name != "synthetic":
@@ -218,5 +218,5 @@ def apply(config, name: str):
         if family == PAIRS:  # the labels preset has its own MLPs already
             m.image_hidden, m.text_hidden, m.embed_dim = (512,), (512,), 128
     config.train.batch_size = world.batch_size
-    unread.reset_unread(config)
+    fields.reset_unread(config)
     return config

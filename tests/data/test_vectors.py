@@ -17,7 +17,7 @@ import pytest
 
 from ncljax.data import noise, sources, synthetic, vectors
 from ncljax.train import config as config_lib
-from ncljax.train import presets, train_and_evaluate, worlds
+from ncljax.train import presets, train_and_evaluate, validation, worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {"train": 12, "val": 11, "test": 11}  # images per split (Recall@10 needs 11)
@@ -424,7 +424,7 @@ def _config(name, arg):
 def test_every_vectors_config_resolves(name, labels):
     full, quick = _config(name, "vectors"), _config(name, "vectors,quick")
     for config in (full, quick):
-        config_lib.check_fields(config)
+        validation.check(config)
         assert config.data.name == "vectors" and config.data.folder == ""
         assert config.data.require_labels == labels
         assert config.eval.kind == ("map" if labels else "recall")

@@ -62,7 +62,7 @@ def test_pseudo_caption_margins_use_the_calibrated_cutoff(calibration):
     margins = np.where(c < cut, 0.0, 0.2 * (10.0**c - 1) / 9)
     want = test_pc2._hardest(sim, margins, np.asarray(test_pc2.MASK))
     np.testing.assert_allclose(float(jnp.where(test_pc2.MASK, per, 0).sum()), want, rtol=1e-5)
-    np.testing.assert_allclose(aux["metrics"]["pseudo_cutoff"], np.full(7, cut), rtol=1e-6)
+    np.testing.assert_allclose(aux.metrics["pseudo_cutoff"], np.full(7, cut), rtol=1e-6)
 
 
 def test_rejects_an_unknown_calibration():

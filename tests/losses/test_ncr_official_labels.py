@@ -129,7 +129,7 @@ def test_code_clean_update_is_the_official_loss(num, seed):
     loss, aux = method.loss_fn({"sim": jnp.asarray(sim)}, batch, rows, rows, ctx)
     np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(loss.sum()), want.sum(), rtol=1e-5)
-    np.testing.assert_allclose(aux["metrics"]["target_clean"], w + (1 - w) * p, atol=1e-6)
+    np.testing.assert_allclose(aux.metrics["target_clean"], w + (1 - w) * p, atol=1e-6)
 
     def total(s):
         return method.loss_fn({"sim": s}, batch, rows, rows, ctx)[0].sum()

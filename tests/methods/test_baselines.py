@@ -40,7 +40,7 @@ def test_vse_matches_numpy(negatives, reduce):
         {"sim": jnp.asarray(sim)}, {"mask": jnp.asarray(mask)}, {}, {}, _ctx()
     )
     np.testing.assert_allclose(loss, _np_vse(sim, 0.3, mask, reduce), atol=1e-6)
-    assert aux == {}
+    assert aux == base.Aux()
 
 
 def test_infonce_matches_numpy():
@@ -71,8 +71,8 @@ def test_ce_matches_numpy_and_reports_accuracy():
         return -logp[np.arange(len(labels)), labels]
 
     np.testing.assert_allclose(loss, nll(logits_v, labels_v) + nll(logits_t, labels_t), rtol=1e-5)
-    np.testing.assert_array_equal(aux["metrics"]["acc_image"], logits_v.argmax(1) == labels_v)
-    np.testing.assert_array_equal(aux["metrics"]["acc_text"], logits_t.argmax(1) == labels_t)
+    np.testing.assert_array_equal(aux.metrics["acc_image"], logits_v.argmax(1) == labels_v)
+    np.testing.assert_array_equal(aux.metrics["acc_text"], logits_t.argmax(1) == labels_t)
 
 
 def test_ce_without_classifier_says_what_to_set():

@@ -56,16 +56,16 @@ def test_loss_uses_peer_labels_and_writes_own_buffers(exchange):
     )
     np.testing.assert_allclose(loss, want, rtol=1e-6)
     np.testing.assert_allclose(
-        aux["memory"]["cross"],
+        aux.memory["cross"],
         labels_lib.gsc_cross_modal_indicator(outputs["sim"], where=mask),
         rtol=1e-6,
     )
     np.testing.assert_allclose(
-        aux["memory"]["intra"],
+        aux.memory["intra"],
         labels_lib.gsc_intra_modal_score(outputs["sim_image"], outputs["sim_text"], y, where=mask),
         rtol=1e-6,
     )
-    np.testing.assert_array_equal(aux["clean_estimate"], own["labels"])  # own belief, logged
+    np.testing.assert_array_equal(aux.clean_estimate, own["labels"])  # own belief, logged
     if exchange:
         assert loss[0] == 0.0  # the peer judged pair 0 fully noisy
 
@@ -77,7 +77,7 @@ def test_warmup_phases():
     loss, aux = unit.loss_fn(outputs, {"mask": mask}, rows, rows, _ctx(WARMUP))
     want = losses.gsc_loss(outputs["sim"], outputs["sim_image"], outputs["sim_text"], jnp.ones(6))
     np.testing.assert_allclose(loss, want, rtol=1e-6)
-    assert "memory" not in aux  # no buffer writes
+    assert not aux.memory  # no buffer writes
     i2t = methods.build_method("gsc", {"warmup_epochs": 2, "warmup_loss": "infonce_i2t"})
     loss, _ = i2t.loss_fn({"sim": outputs["sim"]}, {"mask": mask}, rows, rows, _ctx(WARMUP))
     np.testing.assert_allclose(loss, losses.info_nce(outputs["sim"] / 0.07), rtol=1e-6)

@@ -12,7 +12,8 @@ import pytest
 from ncljax import methods
 from ncljax.methods import base, ncr
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, unread
+from ncljax.train import train_and_evaluate
+from ncljax.train.fields import reset_unread
 from tests.train.test_loop import chance_rsum, read_metrics, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,7 +126,7 @@ def test_clean_and_noisy_updates_match_the_official_step(sims, variant):
     outputs = {"sim": jnp.asarray(own)}
     loss, aux = method.loss_fn(outputs, batch, rows, rows, _ctx(ncr.CLEAN_NOISY, 0, prepared))
     target = w + (1 - w) * p_own
-    np.testing.assert_allclose(aux["metrics"]["target_clean"], target, atol=1e-5)
+    np.testing.assert_allclose(aux.metrics["target_clean"], target, atol=1e-5)
     if code:  # the code's [B, 1] * [B, 1] + [B, 1] * [B]: w_i + (1 - w_i) P_j
         target = w[:, None] * np.ones((6, 1)) + (1 - w[:, None]) * p_own
     oracle = official_train_loss if code else paper_train_loss
@@ -136,7 +137,7 @@ def test_clean_and_noisy_updates_match_the_official_step(sims, variant):
     assert float(loss.sum()) == pytest.approx(
         oracle(own.astype(np.float64), noisy_target), abs=1e-4
     )
-    assert set(aux["clean_estimates"]) == {"noisy"}
+    assert set(aux.clean_estimates) == {"noisy"}
 
 
 def test_warmup_loss_is_the_official_mean_negative_sum(sims):
@@ -164,10 +165,10 @@ def test_plan_streams_and_refresh():
     clean = jnp.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 0]], jnp.float32)
     memory = base.Memory({"clean": clean, "prob": clean, "loss": clean, "divided": clean}, {})
     for network, peer in ((0, 1), (1, 0)):  # each network walks its peer's division
-        streams = method.streams_fn(memory, 2, network)
+        streams = method.streams_fn(memory, method.plan_fn(2), network)
         np.testing.assert_array_equal(streams.main, np.flatnonzero(clean[peer]))
         np.testing.assert_array_equal(streams.aux, np.flatnonzero(1 - clean[peer]))
-    assert method.streams_fn(memory, 1, 0) == base.Streams()  # warm-up: all pairs
+    assert method.streams_fn(memory, method.plan_fn(1), 0) == base.Streams()  # warm-up: all pairs
     # Refresh: a bimodal loss splits into the low-loss (clean) and high-loss sets.
     rng = np.random.default_rng(1)
     losses = np.concatenate([rng.normal(0.1, 0.02, 300), rng.normal(0.6, 0.05, 100)])
@@ -213,7 +214,7 @@ def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, backbone):
     config = _two_epochs(ncr_config("synthetic,quick"))
     if backbone == "global":
         config.model.image_input = config.model.text_input = "global"
-        unread.reset_unread(config)  # the token sizes
+        reset_unread(config)  # the token sizes
     results = train_and_evaluate(config, str(tmp_path))
     rows = read_metrics(tmp_path)
     val = [r for r in rows if r["split"] == "val"]
@@ -243,7 +244,7 @@ def test_one_device_equals_eight(tmp_path, devices):
     for num_devices in (1, 8):
         config = _two_epochs(ncr_config("synthetic,quick"))
         config.model.image_input = config.model.text_input = "global"
-        unread.reset_unread(config)  # the token sizes
+        reset_unread(config)  # the token sizes
         config.train.num_devices = num_devices
         runs.append(train_and_evaluate(config, str(tmp_path / str(num_devices))))
     for key in ("rsum", "noise_auc", "noise_auc_net0", "val_rsum"):
@@ -254,7 +255,7 @@ def test_one_device_equals_eight(tmp_path, devices):
 def test_ncr_learns_on_global_feature_vectors(tmp_path):
     config = ncr_config("synthetic")
     config.model.image_input = config.model.text_input = "global"
-    unread.reset_unread(config)  # the token sizes
+    reset_unread(config)  # the token sizes
     config.data.num_train, config.train.progress_bar = 1000, False
     config.method_kwargs.warmup_epochs, config.method_kwargs.noisy_start_epoch = 1, 2
     config.train.epochs = 5

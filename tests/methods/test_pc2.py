@@ -19,7 +19,8 @@ from ncljax.methods import base, pc2
 from ncljax.train import config as config_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train import train_and_evaluate, unread
+from ncljax.train import train_and_evaluate
+from ncljax.train.fields import reset_unread
 from tests.methods.steps import train_steps
 from tests.methods.test_ncr import official_costs
 from tests.train.test_loop import load_config, read_metrics, tiny
@@ -136,10 +137,10 @@ def test_plan_warms_up_then_co_trains_with_the_pseudo_caption_update_from_e2():
     clean = jnp.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 0]], jnp.float32)
     memory = base.Memory({"clean": clean}, {})
     for network, peer in ((0, 1), (1, 0)):
-        streams = method.streams_fn(memory, 2, network)
+        streams = method.streams_fn(memory, method.plan_fn(2), network)
         np.testing.assert_array_equal(streams.main, np.flatnonzero(clean[peer]))
         np.testing.assert_array_equal(streams.aux, np.flatnonzero(1 - clean[peer]))
-    assert method.streams_fn(memory, 1, 0) == base.Streams()
+    assert method.streams_fn(memory, method.plan_fn(1), 0) == base.Streams()
 
 
 @pytest.mark.parametrize(
@@ -187,8 +188,8 @@ def test_warmup_loss_is_the_mean_negative_sum_plus_pseudo_classification(selecti
     want = ranking[MASK].sum() + _pseudo_cls(img, txt, np.asarray(MASK))
     np.testing.assert_allclose(float(jnp.where(MASK, per, 0).sum()), want, rtol=1e-5)
     # The bank rows of this step: the image predictions, written at the pairs' ids.
-    np.testing.assert_allclose(aux["memory"]["bank"], _softmax(img), rtol=1e-5)
-    assert "memory_at" not in aux
+    np.testing.assert_allclose(aux.memory["bank"], _softmax(img), rtol=1e-5)
+    assert aux.memory_at is None
 
 
 def test_pseudo_classification_weights_centring_and_start_epoch():
@@ -239,7 +240,7 @@ def test_clean_update_uses_the_rectified_margins_of_eq_8(variant):
     per, aux = method.loss_fn(out, {"mask": MASK}, {}, peer, _ctx(pc2.CLEAN))
     indicator = osc_clean > 0.5 if code else w_o >= 0.5  # the paper's >=: 0.5 counts
     y = w + (1 - w) * indicator * w_o
-    np.testing.assert_allclose(aux["metrics"]["target_clean"], y, rtol=1e-6)
+    np.testing.assert_allclose(aux.metrics["target_clean"], y, rtol=1e-6)
     margins = 0.2 * (10.0**y - 1) / 9
     want = _hardest(sim, margins, np.asarray(MASK), "image" if code else "positive")
     want += _pseudo_cls(img, txt, np.asarray(MASK))
@@ -281,13 +282,13 @@ def test_pseudo_caption_update_uses_eq_5_margins_and_logs_its_borrowed_captions(
     margins = np.where(c < 0.5, 0.0, 0.2 * (10.0**c - 1) / 9)  # the code's cutoff
     want = 0.5 * _hardest(sim, margins, np.asarray(MASK), "caption" if code else "positive")
     np.testing.assert_allclose(float(jnp.where(MASK, per, 0).sum()), want, rtol=1e-5)
-    np.testing.assert_array_equal(aux["pseudo_caption_index"], index)
+    np.testing.assert_array_equal(aux.extra["pseudo_caption_index"], index)
     if not code:
-        assert "memory_at" not in aux
+        assert aux.memory_at is None
         return
     # The code's bank writes: the noisy predictions at their noisy-subset positions, then
     # the clean ones at their clean-subset positions; where both land, the clean one stays.
-    at, rows = aux["memory_at"]
+    at, rows = aux.memory_at
     bank = np.full((N, K), -1.0)
     for i in np.flatnonzero(MASK):
         bank[positions[1]["position"][i]] = p_noisy[i]
@@ -724,7 +725,7 @@ def test_pc2_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbon
         config.model.embed_dim, config.model.word_dim, config.model.sgr_steps = 16, 8, 1
     elif backbone == "global":
         config.model.image_input = config.model.text_input = "global"
-    unread.reset_unread(config)
+    reset_unread(config)
     results = train_and_evaluate(config, str(tmp_path))
     assert np.isfinite(results["rsum"]) and results["best_epoch"] == 1
     rows = read_metrics(tmp_path)

@@ -13,7 +13,7 @@ from ncljax import methods
 from ncljax.data import sources
 from ncljax.methods import settings
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate
+from ncljax.train import train_and_evaluate, validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAN, INF = float("nan"), float("inf")
@@ -224,13 +224,13 @@ def test_warmup_as_long_as_the_run_is_refused_before_anything_is_read(
 
 @pytest.mark.parametrize("name", WARMUP_METHODS)
 def test_warmup_shorter_than_the_run_passes_the_check(name):
-    config_lib.check_fields(_config(name, 3, 2))
+    validation.check(_config(name, 3, 2))
 
 
 def test_methods_without_a_warmup_are_not_checked_for_one():
     config = config_lib.load_file(os.path.join(ROOT, "configs", "vse.py"), "synthetic")
     config.train.epochs = 1
-    config_lib.check_fields(config)
+    validation.check(config)
 
 
 def test_warmup_signature_is_shared():

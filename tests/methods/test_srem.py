@@ -13,7 +13,8 @@ import pytest
 from ncljax import losses, methods
 from ncljax.methods import base
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, unread
+from ncljax.train import train_and_evaluate
+from ncljax.train.fields import reset_unread
 from tests.methods.steps import train_steps
 from tests.train.test_loop import load_config, read_metrics, tiny
 
@@ -44,15 +45,15 @@ def test_loss_reads_the_logit_and_writes_energies_and_splits(phase):
     )
     np.testing.assert_allclose(loss, want, rtol=1e-6)
     for d in ("i2t", "t2i"):
-        np.testing.assert_array_equal(aux["memory"][f"energy_{d}"], views[d].energy)
-        np.testing.assert_array_equal(aux["clean_estimates"][d], views[d].clean)
+        np.testing.assert_array_equal(aux.memory[f"energy_{d}"], views[d].energy)
+        np.testing.assert_array_equal(aux.clean_estimates[d], views[d].clean)
         assert not views[d].clean[2]  # padding
     assert 0 < float(views["i2t"].clean.sum()) < 6  # the test reaches both branches
     if phase == base.MAIN:
-        np.testing.assert_allclose(aux["loss_weight"], views["i2t"].pull + views["t2i"].pull)
-        assert aux["loss_weight"].sum() > 0
+        np.testing.assert_allclose(aux.loss_weight, views["i2t"].pull + views["t2i"].pull)
+        assert aux.loss_weight.sum() > 0
     else:  # warm-up: complementary learning alone, no hinge, no pull
-        assert "loss_weight" not in aux
+        assert aux.loss_weight is None
         comp = views["i2t"].complementary + views["t2i"].complementary
         np.testing.assert_allclose(loss, comp, rtol=1e-6)
 
@@ -183,7 +184,7 @@ def test_srem_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbo
         config.model.embed_dim, config.model.word_dim = 32, 16
     elif backbone == "global":
         config.model.image_input = config.model.text_input = "global"
-    unread.reset_unread(config)
+    reset_unread(config)
     results = train_and_evaluate(config, str(tmp_path))
     assert np.isfinite(results["rsum"]) and 0 <= results["noise_auc"] <= 1
     rows = read_metrics(tmp_path)
@@ -215,7 +216,7 @@ def test_sgraf_ensemble_of_sgr_and_saf_runs(tmp_path):
         config.method_kwargs.warmup_epochs = 1
         config.model.head, config.model.sim_dim = head, 16
         config.model.embed_dim, config.model.word_dim = 32, 16
-        unread.reset_unread(config)
+        reset_unread(config)
         results[head] = train_and_evaluate(config, str(tmp_path / head))
     both = ensemble.evaluate_ensemble([str(tmp_path / "sgr"), str(tmp_path / "saf")])
     assert np.isfinite(both["rsum"]) and both["rsum"] > 0

@@ -122,8 +122,8 @@ def test_a_step_that_selects_nothing_trains_the_warmup_objective_and_says_so():
     loss, aux = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, _ctx(base.MAIN))
     warm, _ = losses.srem_loss(logits, warmup=True, where=mask)
     np.testing.assert_allclose(loss, warm, rtol=1e-6)
-    np.testing.assert_array_equal(aux["memory"]["division_fallback"], np.ones(8))
-    np.testing.assert_array_equal(aux["metrics"]["division_fallback"], np.ones(8))
+    np.testing.assert_array_equal(aux.memory["division_fallback"], np.ones(8))
+    np.testing.assert_array_equal(aux.metrics["division_fallback"], np.ones(8))
 
 
 def test_paper_calibration_keeps_the_constants_exactly():

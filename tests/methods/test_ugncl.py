@@ -17,7 +17,8 @@ from ncljax.labels import ugncl as division
 from ncljax.methods import base
 from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
-from ncljax.train import train_and_evaluate, unread
+from ncljax.train import train_and_evaluate
+from ncljax.train.fields import reset_unread
 from tests.methods.steps import train_steps
 from tests.train.test_loop import load_config, read_metrics, tiny
 
@@ -58,12 +59,12 @@ def test_epoch_cadence_loss_reads_the_stored_division(phase):
     log_e, sim = evidence.log_evidence(raw), jnp.tanh(raw)
     lam = labels.num_hard_negatives(step + 1, num_real=6)
     assert int(lam) == 5  # min(floor(128 - 0.025 * 41), 6 - 1)
-    np.testing.assert_allclose(aux["metrics"]["num_negatives"], 5.0)
+    np.testing.assert_allclose(aux.metrics["num_negatives"], 5.0)
     if phase == base.WARMUP:
         want, _ = losses.ugncl_loss(
             log_e, sim, num_negatives=lam, warmup=True, robust_weight=0.5, where=MASK
         )
-        assert "clean_estimates" not in aux
+        assert not aux.clean_estimates
     else:
         u, q = rows["uncertainty"], rows["soft_label"]
         pred = rows["prediction"] > 0.5
@@ -80,13 +81,13 @@ def test_epoch_cadence_loss_reads_the_stored_division(phase):
             robust_weight=0.5,
             where=MASK,
         )
-        np.testing.assert_array_equal(aux["clean_estimates"]["clean"], codes == division.CLEAN)
+        np.testing.assert_array_equal(aux.clean_estimates["clean"], codes == division.CLEAN)
         np.testing.assert_array_equal(
-            aux["noisy_estimates"]["hard_noisy"], codes == division.HARD_NOISY
+            aux.noisy_estimates["hard_noisy"], codes == division.HARD_NOISY
         )
         assert len({int(c) for c in np.asarray(codes)[np.asarray(MASK)]}) >= 3  # several sets
-        np.testing.assert_allclose(aux["loss_weight"], y)
-        assert "memory" not in aux  # the epoch cadence writes no rows in a step
+        np.testing.assert_allclose(aux.loss_weight, y)
+        assert not aux.memory  # the epoch cadence writes no rows in a step
     np.testing.assert_allclose(loss, want, rtol=1e-6)
 
 
@@ -96,17 +97,17 @@ def test_online_cadence_divides_each_batch_from_its_own_forward():
     raw = _raw(1)
     _, aux = method.loss_fn({"logit": raw}, {"mask": MASK}, _rows(), None, _ctx(base.MAIN))
     signals = labels.division_signals(evidence.log_evidence(raw), where=MASK)
-    np.testing.assert_allclose(aux["memory"]["uncertainty"], signals.uncertainty, rtol=1e-6)
-    np.testing.assert_array_equal(aux["memory"]["prediction"], signals.prediction)
+    np.testing.assert_allclose(aux.memory["uncertainty"], signals.uncertainty, rtol=1e-6)
+    np.testing.assert_array_equal(aux.memory["prediction"], signals.prediction)
     codes = labels.ugd_partition(*signals)
-    np.testing.assert_array_equal(aux["memory"]["codes"], codes)
+    np.testing.assert_array_equal(aux.memory["codes"], codes)
 
     # No gradient reaches the division: the loss's gradient equals the one with the
     # division fed in as constants.
     def with_online(r):
         return method.loss_fn({"logit": r}, {"mask": MASK}, {}, None, _ctx(base.MAIN))[0].sum()
 
-    rows = {k: jnp.asarray(v, jnp.float32) for k, v in aux["memory"].items()}
+    rows = {k: jnp.asarray(v, jnp.float32) for k, v in aux.memory.items()}
     epoch = methods.build_method("ugncl", {"calibration": "paper"})
 
     def with_rows(r):
@@ -260,7 +261,7 @@ def test_ugncl_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backb
         config.model.sim_output = "raw"
     elif backbone == "global":
         config.model.image_input = config.model.text_input = "global"
-    unread.reset_unread(config)
+    reset_unread(config)
     results = train_and_evaluate(config, str(tmp_path))
     assert np.isfinite(results["rsum"]) and 0 <= results["noise_auc"] <= 1
     rows = read_metrics(tmp_path)
@@ -321,7 +322,7 @@ def test_ugncl_star_ensemble_pools_the_evidence_of_sgr_and_saf_runs(tmp_path):
         config.method_kwargs.warmup_epochs = 1
         config.model.head, config.model.sim_dim, config.model.sim_output = head, 16, "raw"
         config.model.embed_dim, config.model.word_dim = 32, 16
-        unread.reset_unread(config)
+        reset_unread(config)
         train_and_evaluate(config, str(tmp_path / head))
     runs = [str(tmp_path / "sgr"), str(tmp_path / "saf")]
     both = ensemble.evaluate_ensemble(runs)

@@ -82,8 +82,8 @@ def test_refresh_divides_by_the_mixtures_of_the_statistics(caplog):
         where=MASK,
     )
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
-    np.testing.assert_allclose(aux["loss_weight"], y)
-    np.testing.assert_array_equal(aux["metrics"]["division_fallback"], 0.0)
+    np.testing.assert_allclose(aux.loss_weight, y)
+    np.testing.assert_array_equal(aux.metrics["division_fallback"], 0.0)
 
 
 def _warmup_loss(raw, step):
@@ -128,7 +128,7 @@ def test_a_degenerate_division_falls_back_and_says_so(caplog, calibration, case)
     raw, step = _raw(2), 40
     loss, aux = _loss(method, raw, rows, step)
     np.testing.assert_allclose(loss, _warmup_loss(raw, step), rtol=1e-6)
-    np.testing.assert_array_equal(aux["metrics"]["division_fallback"], 1.0)
+    np.testing.assert_array_equal(aux.metrics["division_fallback"], 1.0)
 
     # A usable division, then a degenerate one: the usable one stays.
     caplog.clear()
@@ -153,15 +153,15 @@ def test_online_cadence_falls_back_to_the_warm_up_objective_on_a_degenerate_batc
     step = 40
     loss, aux = _loss(method, raw, {}, step)
     np.testing.assert_allclose(loss, _warmup_loss(raw, step), rtol=1e-6)
-    np.testing.assert_array_equal(aux["metrics"]["division_fallback"], 1.0)
-    np.testing.assert_array_equal(aux["memory"]["fallback_warmup"], 1.0)
+    np.testing.assert_array_equal(aux.metrics["division_fallback"], 1.0)
+    np.testing.assert_array_equal(aux.memory["fallback_warmup"], 1.0)
     # A batch that divides: no fallback, the calibrated rule of the batch's own signals.
     raw = _raw(3)
     _, aux = _loss(method, raw, {}, step)
     signals = labels.division_signals(evidence.log_evidence(raw), where=MASK)
     cal = jax.jit(division.calibrate_signals)(signals.uncertainty, signals.soft_label, where=MASK)
-    np.testing.assert_array_equal(aux["metrics"]["division_fallback"], 0.0)
-    np.testing.assert_allclose(aux["memory"]["division_uncertainty"], cal.hard_posterior)
+    np.testing.assert_array_equal(aux.metrics["division_fallback"], 0.0)
+    np.testing.assert_allclose(aux.memory["division_uncertainty"], cal.hard_posterior)
 
 
 def test_the_paper_calibration_ignores_the_mixtures():

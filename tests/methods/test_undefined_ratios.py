@@ -80,7 +80,7 @@ def test_srem_share_of_a_pull_below_one_is_exact():
     batch = {"mask": jnp.ones(4, bool), "index": jnp.arange(4)}
     outputs = {"logit": logit, "sim": jax.nn.sigmoid(logit)}
     _, aux = method.loss_fn(outputs, batch, {}, {}, _ctx(base.MAIN))
-    weight = np.asarray(aux["loss_weight"], np.float64)
+    weight = np.asarray(aux.loss_weight, np.float64)
     assert np.count_nonzero(weight) == 1 and 0.0 < weight[2] < 1.0  # the case is reached
     clean = jnp.array([True, True, False, True])
     metrics = step_lib._diagnostic_metrics(aux, batch, clean)  # the trainer's [noisy, total]

@@ -135,10 +135,10 @@ def test_loss_matches_numpy_oracle(lam, tau2, tau3):
     want, plc, bhg = np_uot_loss(
         logit_v, logit_t, q, z_v, z_t, g_v, g_t, g_mask, lam=lam, eps=0.1, tau2=tau2, tau3=tau3
     )
-    np.testing.assert_allclose(aux["metrics"]["loss_plc"], plc, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(aux["metrics"]["loss_bhg"], bhg, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(aux.metrics["loss_plc"], plc, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aux.metrics["loss_bhg"], bhg, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-5)
-    assert float(aux["metrics"]["relation_converged"].min()) == 1.0
+    assert float(aux.metrics["relation_converged"].min()) == 1.0
 
 
 def test_padded_pairs_do_not_change_real_losses():

@@ -11,7 +11,8 @@ import pytest
 
 from ncljax.data import sources
 from ncljax.train import config as config_lib
-from ncljax.train import unread
+from ncljax.train import validation
+from ncljax.train.fields import CONDITIONAL_FIELDS, reset_unread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,23 +62,23 @@ def _config(settings):
 
 
 def test_every_conditional_field_has_a_case():
-    fields = {f for rule in unread.CONDITIONAL_FIELDS for f in rule.fields}
+    fields = {f for rule in CONDITIONAL_FIELDS for f in rule.fields}
     assert fields == {case[0] for case in CASES}
 
 
 @pytest.mark.parametrize(("field", "value", "unread", "read"), CASES)
 def test_a_non_default_field_the_run_does_not_read_is_refused(field, value, unread, read):
-    config_lib.check_fields(_config({**read, field: value}))
-    config_lib.check_fields(_config(unread))  # the default is always accepted
+    validation.check(_config({**read, field: value}))
+    validation.check(_config(unread))  # the default is always accepted
     with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} is read only with")) as e:
-        config_lib.check_fields(_config({**unread, field: value}))
+        validation.check(_config({**unread, field: value}))
     assert str(e.value).count("is read only with") == 1  # one message, one field
 
 
 def test_model_views_must_be_a_positive_integer():
     for views in (0, -1):
         with pytest.raises(ValueError, match=re.escape(f"model.views={views!r} must be")):
-            config_lib.check_fields(_config({"method": "ugncl", "model.views": views}))
+            validation.check(_config({"method": "ugncl", "model.views": views}))
 
 
 @pytest.mark.parametrize(
@@ -91,15 +92,15 @@ def test_model_views_must_be_a_positive_integer():
 )
 def test_speed_settings_refuse_bad_values(field, value):
     with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} must be")):
-        config_lib.check_fields(_config({"model.head": "sgr", field: value}))
+        validation.check(_config({"model.head": "sgr", field: value}))
 
 
 def test_reset_unread_restores_the_defaults_of_unread_fields():
     config = _config({"model.head": "sgr", "model.sim_dim": 8, "optim.decay_every": 5})
     config.model.head = "cosine"  # switched in code: the SGRAF size is now unread
-    assert unread.reset_unread(config) == ["model.sim_dim", "optim.decay_every"]
+    assert reset_unread(config) == ["model.sim_dim", "optim.decay_every"]
     assert config.model.sim_dim == 256 and config.optim.decay_every == 10
-    config_lib.check_fields(config)
+    validation.check(config)
 
 
 def test_a_field_left_unread_by_a_command_line_choice_is_warned_about(caplog):
@@ -107,25 +108,25 @@ def test_a_field_left_unread_by_a_command_line_choice_is_warned_about(caplog):
     decay fields are now unread; the user chose that on the command line."""
     config = _config({"optim.schedule": "cosine", "optim.decay_every": 30})
     with caplog.at_level(logging.WARNING):
-        config_lib.check_fields(config, overridden={"optim.schedule"})
+        validation.check(config, overridden={"optim.schedule"})
     assert "optim.decay_every=30 is read only with optim.schedule='step'" in caplog.text
     for overridden in (None, set(), {"optim.schedule", "optim.decay_every"}):
         with pytest.raises(ValueError, match=r"optim\.decay_every=30 is read only"):
-            config_lib.check_fields(config, overridden=overridden)
+            validation.check(config, overridden=overridden)
 
 
 def test_the_data_section_belongs_to_data_name():
     config = config_lib.base_config()
     config.data.name = "wiki"
     with pytest.raises(ValueError, match=r"does not belong to data.name='wiki'.*\.py:wiki"):
-        config_lib.check_fields(config)
+        validation.check(config)
     config.data.length_buckets = (16,)
     config_lib.switch_dataset(config, "wiki", keep=("manual_dir",))
     assert set(config.data) == set(sources.default_config("wiki")) | set(config_lib.PIPELINE_FIELDS)
     assert config.data.float16 is False and tuple(config.data.length_buckets) == (16,)
     config.data.length_buckets = ()  # unread with global text features
     config.model.text_input = config.model.image_input = "global"
-    config_lib.check_fields(config)
+    validation.check(config)
     with pytest.raises(ValueError, match=r"Unknown dataset 'flickr'.*'f30k'"):
         config_lib.switch_dataset(config, "flickr")
     with pytest.raises(ValueError, match=r"data\.seed is not a field of dataset .f30k."):

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from ncljax import evaluate
-from ncljax.train import ensemble, train_and_evaluate, unread
+from ncljax.train import ensemble, train_and_evaluate
 from ncljax.train import mesh as mesh_lib
+from ncljax.train.fields import reset_unread
 from tests.train import test_loop
 
 
@@ -18,7 +19,7 @@ def _tiny_run(workdir, head, seed):
     config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
     config.model.sgr_steps, config.model.remat = 1, "none"  # compiles in a fraction
     config.model.length_groups = 1
-    unread.reset_unread(config)  # the SGRAF sizes, with the cosine head
+    reset_unread(config)  # the SGRAF sizes, with the cosine head
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))
     return config

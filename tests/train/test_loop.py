@@ -245,7 +245,7 @@ def _loss_ranking_method(*, margin=0.2, negatives="hardest", num_networks=1):
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         loss, _ = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
-        return loss, {"memory": {"last_loss": jax.lax.stop_gradient(loss)}}
+        return loss, base.Aux(memory={"last_loss": jax.lax.stop_gradient(loss)})
 
     return vse._replace(
         name="loss_ranking",
@@ -342,7 +342,7 @@ def _refreshing_method(*, num_networks=2):
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         loss, _ = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
         phase = jnp.full(loss.shape, float(ctx.phase))
-        return loss, {"metrics": {"phase": phase, "remembered": rows["pair_sim"]}}
+        return loss, base.Aux(metrics={"phase": phase, "remembered": rows["pair_sim"]})
 
     return vse._replace(
         name="refreshing",

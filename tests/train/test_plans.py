@@ -143,7 +143,7 @@ def test_streams_round_trip_through_checkpoint_arrays():
                 streams_fn=lambda m, e, k: base.Streams(np.array([0, 9]))
             ),
             None,
-            0,
+            base.EpochPlan(),
             None,
             5,
         )
@@ -234,7 +234,7 @@ def _peer_probe():
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         loss, _ = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
-        return loss, {"metrics": {"peer_diag": ctx.prepared["peer_diag"]}}
+        return loss, base.Aux(metrics={"peer_diag": ctx.prepared["peer_diag"]})
 
     return vse._replace(prepare_fn=prepare_fn, loss_fn=loss_fn)
 
@@ -400,8 +400,8 @@ def _turns(num_networks=2):
             min_batch=2,
         )
 
-    def streams_fn(memory, epoch, network):
-        if epoch == 0:
+    def streams_fn(memory, plan, network):
+        if plan.phase == 0:
             return base.Streams()
         n = memory.samples["seen"].shape[1]
         clean = (np.arange(n) + network) % 3 != 0
@@ -412,7 +412,7 @@ def _turns(num_networks=2):
 
     def loss_fn(outputs, batch, rows, peer_rows, ctx):
         loss, _ = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
-        return loss, {"memory": {"seen": rows["seen"] + 1}, "metrics": {"seen": rows["seen"]}}
+        return loss, base.Aux(memory={"seen": rows["seen"] + 1}, metrics={"seen": rows["seen"]})
 
     return vse._replace(
         name="turns",

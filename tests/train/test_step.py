@@ -90,7 +90,7 @@ def _recording_method():
             "got_peer": peer_rows["label"],
             "seen_at": jnp.full(loss.shape, ctx.step, jnp.int32),
         }
-        return loss, {"memory": memory, "metrics": {"own": rows["label"]}}
+        return loss, base.Aux(memory=memory, metrics={"own": rows["label"]})
 
     return base.Method(name="rec", init_memory=init_memory, loss_fn=loss_fn, num_networks=2)
 
@@ -259,7 +259,7 @@ def test_clean_estimates_are_scored_against_the_true_mask_only_for_logs(data):
         seen.append(sorted(batch))  # the method never receives the clean mask
         loss, _ = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
         estimate = (batch["index"] % 3 != 0).astype(jnp.float32)  # "clean" unless index % 3 == 0
-        return loss, {"clean_estimate": estimate}
+        return loss, base.Aux(clean_estimate=estimate)
 
     method = vse._replace(loss_fn=loss_fn)
     mesh, state, train_step = _setup(info, method, num_devices=2)

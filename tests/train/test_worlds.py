@@ -9,7 +9,7 @@ import pytest
 
 from ncljax.data import sources
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, worlds
+from ncljax.train import train_and_evaluate, validation, worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAIR_FILES = ("vse", "infonce", "ncr", "gsc", "srem", "ugncl", "pc2", "quickstart")
@@ -44,7 +44,7 @@ def test_there_are_six_worlds_or_more_each_documented_in_one_line():
 )
 def test_a_world_changes_only_the_data_inputs_and_batch(name, world):
     base, config = load(name, _synthetic(name)), load(name, _arg(name, world))
-    config_lib.check_fields(config)  # honest: every non-default field is read
+    validation.check(config)  # honest: every non-default field is read
     spec = worlds.get(world)
     assert config.train.batch_size == spec.batch_size
     for field, value in spec.data.items():

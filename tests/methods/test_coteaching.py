@@ -1,0 +1,113 @@
+"""The co-teaching skeleton (``ncljax.methods.coteaching``) and NCR's top-level functions,
+each called alone against a hand-written table or a numpy evaluation."""
+
+import dataclasses
+import inspect
+import logging
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ncljax.methods import base, coteaching, ncr
+
+
+def test_settings_are_the_factory_signature():
+    params = inspect.signature(ncr.ncr).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(ncr.Settings)}
+    assert {k: p.default for k, p in params.items()} == fields
+    assert set(ncr.CHECKS) == set(fields)
+    s = ncr.ncr(noisy_start_epoch=7).settings
+    assert isinstance(s, ncr.Settings) and s.noisy_start_epoch == 7 and s.margin == 0.2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.margin = 0.3
+
+
+def test_plan_is_the_table_and_the_phase_says_the_updates():
+    s = ncr.Settings(warmup_epochs=2, noisy_start_epoch=2)
+    # epoch: (phase, updates, lr_epoch, selectable, refresh)
+    table = {
+        0: (0, (0,), 0, False, False),
+        1: (0, (0,), 0, False, False),
+        2: (1, (0,), 0, True, True),
+        3: (1, (0,), 1, True, True),
+        4: (2, (0, 1), 2, True, True),
+        9: (2, (0, 1), 7, True, True),
+    }
+    for epoch, want in table.items():
+        p = ncr.plan(s, epoch)
+        assert (p.phase, p.updates, p.lr_epoch, p.selectable, p.refresh) == want, epoch
+        assert p.in_turn and p.min_batch == 2 and not p.reset_optimizer
+        assert p.updates == coteaching.updates_of(p.phase)
+    pc2_like = coteaching.plan(s, 2, second=False, reset_at_start=True, restart_best=True)
+    assert pc2_like.reset_optimizer and pc2_like.restart_best
+    assert not coteaching.plan(s, 3, second=False, reset_at_start=True).reset_optimizer
+
+
+def test_streams_walk_the_peers_division():
+    clean = jnp.array([[1, 0, 1, 1], [0, 0, 1, 0]], jnp.float32)
+    memory = base.Memory({"clean": clean}, {})
+    main_plan = coteaching.plan(ncr.Settings(warmup_epochs=0), 0, second=False)
+    got = coteaching.streams(memory, main_plan, 0)  # network 0 walks network 1's sets
+    np.testing.assert_array_equal(got.main, [2])
+    np.testing.assert_array_equal(got.aux, [0, 1, 3])
+    got = coteaching.streams(memory, main_plan, 1)
+    np.testing.assert_array_equal(got.main, [0, 2, 3])
+    warmup = coteaching.plan(ncr.Settings(), 0, second=False)
+    assert coteaching.streams(memory, warmup, 0) == base.Streams()
+
+
+def _mean_negative_hinge(sim, margin):
+    """Numpy loop: per pair, both hinge directions summed over the negatives and divided by
+    the batch size (the official ``cost.mean(1)`` over a row whose diagonal is zeroed)."""
+    n = sim.shape[0]
+    out = np.zeros(n)
+    for i in range(n):
+        i2t = [max(0.0, margin - sim[i, i] + sim[i, j]) for j in range(n) if j != i]
+        t2i = [max(0.0, margin - sim[i, i] + sim[j, i]) for j in range(n) if j != i]
+        out[i] = np.sum(i2t) / n + np.sum(t2i) / n
+    return out
+
+
+def test_warmup_loss_and_the_undivided_fallback():
+    rng = np.random.default_rng(0)
+    sim = rng.uniform(-1, 1, (5, 5)).astype(np.float32)
+    s = ncr.Settings(margin=0.3)
+    mask = jnp.ones(5, bool)
+    want = _mean_negative_hinge(sim.astype(np.float64), 0.3)
+    np.testing.assert_allclose(coteaching.warmup_loss(s, jnp.asarray(sim), mask), want, rtol=1e-5)
+    own = jnp.full(5, 7.0)
+    rows = {"divided": jnp.array([1.0, 0.0, 1.0, 0.0, 1.0])}
+    got = coteaching.unless_undivided(s, own, jnp.asarray(sim), rows, mask)
+    np.testing.assert_allclose(got, np.where([1, 0, 1, 0, 1], 7.0, want), rtol=1e-5)
+
+
+def test_clean_targets_per_pair_and_broadcast():
+    w = jnp.array([0.9, 0.2, 0.6])
+    p = jnp.array([0.5, 1.0, 0.0])
+    pair = ncr.clean_targets(ncr.Settings(), w, p)
+    np.testing.assert_allclose(pair, [0.95, 1.0, 0.6], rtol=1e-6)  # w + (1 - w) P, Eq. 6
+    matrix = ncr.clean_targets(ncr.Settings(target_prediction="broadcast"), w, p)
+    want = [[w[i] + (1 - w[i]) * p[j] for j in range(3)] for i in range(3)]
+    np.testing.assert_allclose(matrix, np.asarray(want), rtol=1e-6)
+
+
+def test_co_divide_splits_and_falls_back(caplog):
+    s = ncr.Settings()
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.normal(0.1, 0.02, 300), rng.normal(0.6, 0.05, 100)])
+    samples = coteaching.init_samples(400)
+    ctx = base.RefreshContext(epoch=3, num_epochs=5, network=1, rng=None, fetch=None)
+    new, division, checked, fallback = coteaching.co_divide(s, "ncr", samples, values, ctx)
+    assert not fallback and float(new["divided"].min()) == 1.0
+    np.testing.assert_array_equal(np.asarray(new["clean"]) > 0.5, np.arange(400) < 300)
+    diagnostics = coteaching.division_diagnostics(division, checked, fallback, new)
+    assert float(diagnostics["clean_fraction"]) == pytest.approx(0.75)
+    assert float(diagnostics["division_fallback"]) == 0.0
+    # All-equal losses: nothing to divide; the previous division is kept, with a warning.
+    with caplog.at_level(logging.WARNING):
+        kept, _, _, fallback = coteaching.co_divide(s, "ncr", new, np.full(400, 0.3), ctx)
+    assert fallback and "network 1's per-pair losses of epoch 3 are all equal" in caplog.text
+    assert "keeping its previous division" in caplog.text
+    np.testing.assert_array_equal(kept["clean"], new["clean"])
+    np.testing.assert_allclose(kept["loss_raw"], 0.3)

@@ -1,0 +1,203 @@
+"""SREM's top-level functions one by one (``ncljax.methods.srem``), against hand-written
+tables and a numpy evaluation of the warm-up objective (Eq. 13 with uniform complementary
+labels), without building the method through the registry."""
+
+import inspect
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ncljax import losses
+from ncljax.methods import base, srem
+
+
+def _ctx(phase, epoch=3):
+    zero = jnp.zeros((), jnp.int32)
+    return base.LossContext(zero, jnp.asarray(epoch, jnp.int32), phase, 10, zero, None)
+
+
+def _logits(b=6, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(b, b)) * 1.5
+    logits[np.arange(b), np.arange(b)] += 3.0
+    return logits.astype(np.float32)
+
+
+def test_settings_are_the_factory_signature():
+    params = inspect.signature(srem.srem).parameters
+    assert {k: p.default for k, p in params.items()} == srem.Settings()._asdict()
+    assert set(srem.CHECKS) == set(srem.Settings._fields)
+    s = srem.srem(tau=-3.0, warmup_epochs=1).settings
+    assert s == srem.Settings(tau=-3.0, warmup_epochs=1)
+
+
+def test_plan_by_hand():
+    s = srem.Settings(warmup_epochs=2)
+    # epoch: (phase, refresh, lr_epoch)
+    table = {
+        0: (base.WARMUP, False, 0),
+        1: (base.WARMUP, True, 0),
+        2: (base.MAIN, True, 0),
+        3: (base.MAIN, True, 1),
+        7: (base.MAIN, True, 5),
+    }
+    for epoch, (phase, refresh, lr_epoch) in table.items():
+        plan = srem.plan(s, epoch)
+        assert (plan.phase, plan.refresh, plan.lr_epoch) == (phase, refresh, lr_epoch), epoch
+        assert plan.selectable and plan.drop_remainder and plan.min_batch == 2
+    assert srem.plan(srem.Settings(warmup_epochs=0), 0).phase == base.MAIN
+
+
+def test_logits_of_each_head():
+    s = srem.Settings(cosine_shift=0.4, cosine_temperature=0.2)
+    cos = np.array([[0.9, 0.1], [0.0, 0.6]], np.float32)
+    np.testing.assert_allclose(srem.logits(s, {"sim": cos}), (cos - 0.4) / 0.2, rtol=1e-6)
+    logit = jnp.ones((2, 2))
+    assert srem.logits(s, {"logit": logit, "sim": cos}) is logit
+
+
+def _warmup_oracle(logits, mask):
+    """Pair i's share: ``-sum_{j != i} log(1 - P_ij)`` of its image query (row ``i`` of
+    ``F``) plus its caption query's (row ``i`` of ``F.T``), ``P`` the softmax over the real
+    candidates (uniform ``Q`` over ``|A_i|`` negatives times ``kappa_i = |A_i|``)."""
+    logits = logits.astype(np.float64)
+    real = np.flatnonzero(mask)
+    total = np.zeros(len(mask))
+    for view in (logits, logits.T):
+        for i in real:
+            row = view[i, real]
+            p = np.exp(row - row.max())
+            p /= p.sum()
+            total[i] += -sum(np.log1p(-p[k]) for k, j in enumerate(real) if j != i)
+    return total
+
+
+def test_warmup_loss_against_numpy_and_its_memory_rows():
+    s = srem.Settings()  # uniform complementary labels in the warm-up
+    logits = _logits()
+    mask = np.array([True, True, True, False, True, True])
+    loss_fn = jax.jit(lambda o, b: srem.loss(s, o, b, {}, {}, _ctx(base.WARMUP)))
+    loss, aux = loss_fn({"logit": jnp.asarray(logits)}, {"mask": jnp.asarray(mask)})
+    assert isinstance(aux, base.Aux)
+    np.testing.assert_allclose(loss, _warmup_oracle(logits, mask), rtol=1e-5, atol=1e-6)
+    real = np.flatnonzero(mask)
+    for d, view in (("i2t", logits), ("t2i", logits.T)):
+        rows = view[np.ix_(real, real)].astype(np.float64)
+        energy = -np.log(np.exp(rows).sum(1))  # Eq. 1 over the real candidates
+        np.testing.assert_allclose(np.asarray(aux.memory[f"energy_{d}"])[real], energy, rtol=1e-5)
+    np.testing.assert_array_equal(aux.memory["energy_epoch"], np.full(6, 3.0))
+    assert aux.loss_weight is None  # no hinge in the warm-up
+    assert set(aux.clean_estimates) == {"i2t", "t2i"}
+    assert "loss_hinge" not in aux.metrics
+
+
+def test_main_loss_reads_the_division_in_use():
+    """Calibrated, the division comes from the forward's ``energy_calibration``; with
+    ``calibration='paper'`` from the settings (Eq. 2 at ``tau``), whatever the outputs carry."""
+    logits = jnp.asarray(_logits(seed=1))
+    mask = jnp.ones(6, bool)
+    division = jnp.asarray([[-1.0, -3.0, 1.0], [-1.5, -2.5, 0.5]], jnp.float32)
+    outputs = {"logit": logits, "energy_calibration": division}
+    paper = srem.Settings(calibration="paper", tau=-4.0)
+
+    @jax.jit
+    def both(outputs):  # one program: the method's losses and the library's
+        ctx, batch = _ctx(base.MAIN), {"mask": mask}
+        calibrated = srem.loss(srem.Settings(), outputs, batch, {}, {}, ctx)
+        given = srem.loss(paper, outputs, batch, {}, {}, ctx)[1]
+        thresholds = dict(threshold=division[:, 0], m_clean=division[:, 1], m_noisy=division[:, 2])
+        want = losses.srem_loss(logits, **thresholds, fallback=True, where=mask)
+        return calibrated, given, want
+
+    (loss, aux), given, (want, views) = both(outputs)
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    np.testing.assert_allclose(aux.loss_weight, views["i2t"].pull + views["t2i"].pull)
+    f = np.asarray(logits, np.float64)
+    for d, view in (("i2t", f), ("t2i", f.T)):
+        energy = -np.log(np.exp(view).sum(1))
+        clean = (energy < -4.0) & (view.argmax(1) == np.arange(6))  # Eq. 2
+        np.testing.assert_array_equal(given.clean_estimates[d], clean)
+    assert 0 < clean.sum() < 6  # the threshold splits the batch
+
+
+def test_init_memory_and_forward_carry_the_given_division():
+    s = srem.Settings(tau=-1.0, m_clean=-3.0, m_noisy=2.0)
+    memory = srem.init_memory(s, base.InitContext(4, None, None, None))
+    np.testing.assert_array_equal(memory.state["calibration"], [[-1.0, -3.0, 2.0]] * 2)
+    np.testing.assert_array_equal(memory.samples["energy_epoch"], [-1.0] * 4)
+    model = lambda batch, train, rngs: {"sim": jnp.zeros((2, 2))}
+    outputs = srem.forward(s, model, {}, memory.state, train=True, rngs=None, phase=base.MAIN)
+    assert outputs["energy_calibration"] is memory.state["calibration"]
+
+
+def test_division_diagnostics_by_hand():
+    division = np.array([[-1.0, -2.0, -3.0], [4.0, 5.0, 6.0]])
+    assert srem.division_diagnostics(division) == {
+        "calibrated_tau_i2t": -1.0,
+        "calibrated_m_clean_i2t": -2.0,
+        "calibrated_m_noisy_i2t": -3.0,
+        "calibrated_tau_t2i": 4.0,
+        "calibrated_m_clean_t2i": 5.0,
+        "calibrated_m_noisy_t2i": 6.0,
+    }
+
+
+def test_fallback_reasons_by_hand():
+    s = srem.Settings(warmup_epochs=2, calibration="paper", tau=-2.0)
+    none = {"i2t": 0.0, "t2i": 0.0}
+    some = {"i2t": 0.3, "t2i": 0.0}
+    assert srem.fallback_reasons(s, 1, none, 0.0, False) == []  # the warm-up divides nothing
+    (reason,) = srem.fallback_reasons(s, 2, none, 0.0, False)
+    assert reason.startswith("selected no clean pair in epoch 1 (tau=-2.0)")
+    assert "undefined" not in reason  # epoch 1 was a warm-up epoch: nothing to pull
+    (reason,) = srem.fallback_reasons(s, 3, none, 0.5, False)
+    assert "noisy_weight_share is undefined" in reason
+    (reason,) = srem.fallback_reasons(s, 3, some, 0.25, False)
+    assert reason.startswith("25.0% of the pairs of epoch 2")
+    reasons = srem.fallback_reasons(srem.Settings(), 3, some, 0.0, True)
+    assert len(reasons) == 1 and "fewer than two distinct values" in reasons[0]
+
+
+def test_calibrate_is_frozen_after_the_first_main_epoch():
+    s = srem.Settings(warmup_epochs=1)
+    previous = jnp.asarray([[-1.0, -2.0, 0.0]] * 2, jnp.float32)
+    memory = base.Memory({"energy_i2t": jnp.zeros(4), "energy_t2i": jnp.zeros(4)}, {})
+    memory = memory._replace(state={"calibration": previous})
+    for epoch in (2, 5):
+        division, degenerate, diagnostics = srem.calibrate(s, memory, epoch)
+        assert division is previous and not degenerate and diagnostics == {}
+    paper = srem.Settings(calibration="paper")
+    assert srem.calibrate(paper, memory, 1)[0] is previous
+
+
+def test_energy_score_uses_the_mean_threshold_in_use():
+    samples = {"energy_i2t": jnp.asarray([-3.0, 0.0]), "energy_t2i": jnp.asarray([-1.0, 2.0])}
+    memory = base.Memory(samples, {"calibration": jnp.asarray([[-1.0, 0, 0], [-3.0, 0, 0]])})
+    mean_energy = np.array([-2.0, 1.0])
+    want = 1 / (1 + np.exp(-(-2.0 - mean_energy)))
+    np.testing.assert_allclose(srem.energy_score(memory, tau=9.0), want, rtol=1e-6)
+    bare = base.Memory(samples, {})
+    want = 1 / (1 + np.exp(-(-1.0 - mean_energy)))
+    np.testing.assert_allclose(srem.energy_score(bare, tau=-1.0), want, rtol=1e-6)
+
+
+def test_validate_and_log_settings(caplog):
+    srem.validate({"m_clean": -1.0, "m_noisy": -1.0})
+    with pytest.raises(ValueError, match=r"^srem m_clean must be <= m_noisy=-2.0 "):
+        srem.validate({"m_clean": -1.0, "m_noisy": -2.0})
+    with caplog.at_level(logging.WARNING):
+        srem.log_settings(srem.Settings(cl_prob="sigmoid", warmup_epochs=0))
+        assert not caplog.records
+        srem.log_settings(srem.Settings(cl_prob="sigmoid"))
+    assert "trivial solution" in caplog.text
+
+
+def test_bind_binds_the_settings():
+    s = srem.Settings(warmup_epochs=3)
+    method = srem.bind(s)
+    assert method.settings is s and method.name == "srem"
+    assert method.plan_fn(3) == srem.plan(s, 3)
+    assert method.forward_fn.func is srem.forward and method.forward_fn.args == (s,)
