@@ -6,24 +6,53 @@ on 2 CPU cores compilation is most of their time. JAX's persistent compilation c
 directory of this session (shared by the xdist workers, removed at the end) compiles each
 program once. A cached executable is the one a fresh compilation would produce, so no
 result depends on the cache.
+
+The rest of the compile time is XLA's CPU backend: each test compiles programs that then
+run a few steps on tiny shapes. ``FAST_COMPILE`` (LLVM at optimisation level 0, the
+loop emitters instead of the fusion emitters) halves it (the default suite: 727 s against
+459 s on the 2-core machine, benchmarks/RESULTS.md). The code it emits runs slower and may
+round differently in the last bits; every test's tolerance is one that a real run's
+differently-compiled program must meet anyway. Training runs outside the tests use XLA's
+defaults. A jaxlib that no longer knows one of these flags would abort at start-up, so
+they are tried in a subprocess first and left out if it fails.
 """
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
-# Must be set before jax is imported anywhere in the test session (the xdist workers
-# inherit the controller's environment, hence its cache directory).
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
+def _known_to_xla(flags: str) -> bool:
+    """Whether this jaxlib starts with ``flags`` (an unknown XLA flag aborts the process)."""
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+
+
+# Must be set before jax is imported anywhere in the test session. The controller decides
+# once; the xdist workers inherit its environment, hence these flags and its cache directory.
+# NCLJAX_TEST_FAST_COMPILE=0 tests with XLA's default compilation.
 # The 8 fake devices' collectives run as 8 rendezvousing threads; with two xdist workers on
 # 2 cores one participant can be descheduled long enough that XLA's default terminate
 # timeout aborted a worker once ("may be stuck", then "Fatal Python error: Aborted").
 # A longer timeout lets a starved participant arrive; a true deadlock still ends.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8"
-    + " --xla_cpu_collective_call_terminate_timeout_seconds=300"
-    + " --xla_cpu_collective_timeout_seconds=300"
-).strip()
+if "NCLJAX_TEST_XLA_FLAGS" not in os.environ:
+    wanted = os.environ.get("NCLJAX_TEST_FAST_COMPILE", "1") != "0"
+    fast = FAST_COMPILE if wanted and _known_to_xla(FAST_COMPILE) else ""
+    os.environ["NCLJAX_TEST_XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            fast,
+            "--xla_force_host_platform_device_count=8",
+            "--xla_cpu_collective_call_terminate_timeout_seconds=300",
+            "--xla_cpu_collective_timeout_seconds=300",
+        ]
+    ).strip()
+os.environ["XLA_FLAGS"] = os.environ["NCLJAX_TEST_XLA_FLAGS"]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:

@@ -202,6 +202,25 @@ def _two_epochs(config):
     return config
 
 
+@pytest.fixture(scope="module")
+def global_run(tmp_path_factory):
+    """``global_run(num_devices)``: ``(config, results, workdir)`` of ``_two_epochs`` NCR on
+    global feature vectors (MLP encoders) over that many devices, trained once per module."""
+    runs = {}
+
+    def run(num_devices):
+        if num_devices not in runs:
+            config = _two_epochs(ncr_config("synthetic,quick"))
+            config.model.image_input = config.model.text_input = "global"
+            reset_unread(config)  # the token sizes
+            config.train.num_devices = num_devices
+            workdir = tmp_path_factory.mktemp(f"global_{num_devices}")
+            runs[num_devices] = config, train_and_evaluate(config, str(workdir)), workdir
+        return runs[num_devices]
+
+    return run
+
+
 @pytest.mark.parametrize(
     "backbone",
     [
@@ -210,13 +229,13 @@ def _two_epochs(config):
         "global",
     ],
 )
-def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, backbone):
-    config = _two_epochs(ncr_config("synthetic,quick"))
-    if backbone == "global":
-        config.model.image_input = config.model.text_input = "global"
-        reset_unread(config)  # the token sizes
-    results = train_and_evaluate(config, str(tmp_path))
-    rows = read_metrics(tmp_path)
+def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, global_run, backbone):
+    if backbone == "global":  # one device: also test_one_device_equals_eight's first run
+        config, results, workdir = global_run(1)
+    else:
+        config, workdir = _two_epochs(ncr_config("synthetic,quick")), tmp_path
+        results = train_and_evaluate(config, str(workdir))
+    rows = read_metrics(workdir)
     val = [r for r in rows if r["split"] == "val"]
     assert results["best_epoch"] == 1  # warm-up never selected
     n = config.data.num_train * config.data.captions_per_image
@@ -237,16 +256,10 @@ def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, backbone):
     assert np.isfinite(results["rsum"])  # learning: the slow tests below
 
 
-def test_one_device_equals_eight(tmp_path, devices):
+def test_one_device_equals_eight(global_run, devices):
     """Global feature vectors (MLP encoders): the sharded in-turn co-training path compiles
     in seconds; the region/token path on 8 devices is covered by the step tests."""
-    runs = []
-    for num_devices in (1, 8):
-        config = _two_epochs(ncr_config("synthetic,quick"))
-        config.model.image_input = config.model.text_input = "global"
-        reset_unread(config)  # the token sizes
-        config.train.num_devices = num_devices
-        runs.append(train_and_evaluate(config, str(tmp_path / str(num_devices))))
+    runs = [global_run(num_devices)[1] for num_devices in (1, 8)]
     for key in ("rsum", "noise_auc", "noise_auc_net0", "val_rsum"):
         assert runs[0][key] == pytest.approx(runs[1][key], abs=0.5 if "rsum" in key else 1e-3), key
 

@@ -80,6 +80,7 @@ def finished(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("ensemble") / "finished"
     config = tiny(load_config("vse", "synthetic"), epochs=1)
     config.model.embed_dim, config.model.word_dim = 32, 16  # array files test_faults damages
+    config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))
     return workdir
 

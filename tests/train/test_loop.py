@@ -56,6 +56,9 @@ def test_quickstart_quick_learns(tmp_path):
     config = load_config("quickstart", "quick")
     config.train.progress_bar = False
     config.train.epochs = 3  # of the preset's 5: rSum about 3x chance already
+    # One device, as the README's command on a CPU; the 8 fake devices would add only their
+    # collectives (the sharded loop: the methods' test_one_device_equals_eight).
+    config.train.num_devices = 1
     results = train_and_evaluate(config, str(tmp_path))
     chance = chance_rsum(config.data.num_test, config.data.captions_per_image)
     assert results["rsum"] > 2.5 * chance, (results["rsum"], chance)
@@ -173,6 +176,7 @@ def test_nan_inputs_stop_with_step_and_keep_last_checkpoint(tmp_path):
     config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.data.name = "poisoned_synthetic"
     config.data.cache = False
+    config.train.num_devices = 1
 
     def poison(epoch, metrics):
         _PoisonedSplit.poisoned = True
@@ -207,6 +211,7 @@ def test_bad_config_errors(tmp_path):
     with pytest.raises(ValueError, match="320"):  # 64 images x 5 captions expected
         train_and_evaluate(config, str(tmp_path / "b"))
     config = tiny(load_config("vse", "synthetic"), epochs=1)
+    config.train.num_devices = 1
     train_and_evaluate(config, str(tmp_path / "c"))
     config.noise.rate = 0.2
     with pytest.raises(ValueError, match="different config"):
@@ -259,6 +264,7 @@ def test_noise_detection_is_logged_per_epoch(tmp_path, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "loss_ranking", _loss_ranking_method)
     config = tiny(load_config("vse", "synthetic"))
     config.method = "loss_ranking"
+    config.train.num_devices = 1
     train_and_evaluate(config, str(tmp_path))
     val = [r for r in read_metrics(tmp_path) if r["split"] == "val"]
     assert len(val) == config.train.epochs
@@ -354,13 +360,33 @@ def _refreshing_method(*, num_networks=2):
     )
 
 
-def test_refresh_runs_stats_pass_per_network_with_phases(tmp_path, monkeypatch):
-    monkeypatch.setitem(methods.REGISTRY, "refreshing", _refreshing_method)
+def _refreshing_config():
+    """Three epochs of the refreshing method on the flaky synthetic data (never armed, it
+    reads as the synthetic data)."""
     config = tiny(load_config("vse", "synthetic"), epochs=3)
+    config.data.name = "flaky_synthetic"
     config.method = "refreshing"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
-    train_and_evaluate(config, str(tmp_path))
-    rows = read_metrics(tmp_path)
+    config.train.num_devices = 1  # sharded refreshes: test_ncr.py::test_one_device_equals_eight
+    return config
+
+
+@pytest.fixture(scope="module")
+def refreshing_run(tmp_path_factory):
+    """The uninterrupted run of ``_refreshing_config()``: (config, results, workdir)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(methods.REGISTRY, "refreshing", _refreshing_method)
+        sources.register("flaky_synthetic")(_FlakyDataset)
+        _FlakySplit.armed = False
+        config = _refreshing_config()
+        workdir = tmp_path_factory.mktemp("refreshing") / "straight"
+        results = train_and_evaluate(config, str(workdir))
+    return config, results, workdir
+
+
+def test_refresh_runs_stats_pass_per_network_with_phases(refreshing_run):
+    _, _, workdir = refreshing_run
+    rows = read_metrics(workdir)
     refresh = [r for r in rows if r["split"] == "refresh"]
     assert [r["epoch"] for r in refresh] == [1, 2]  # not before the first epoch
     for r in refresh:
@@ -377,6 +403,7 @@ def test_refresh_runs_stats_pass_per_network_with_phases(tmp_path, monkeypatch):
 
 def test_rerunning_a_finished_run_reevaluates_without_duplicate_rows(tmp_path):
     config = tiny(load_config("vse", "synthetic"), epochs=1)
+    config.train.num_devices = 1
     first = train_and_evaluate(config, str(tmp_path))
     rows = read_metrics(tmp_path)
     again = train_and_evaluate(config, str(tmp_path))
@@ -384,18 +411,14 @@ def test_rerunning_a_finished_run_reevaluates_without_duplicate_rows(tmp_path):
     assert read_metrics(tmp_path) == rows
 
 
-def test_crashes_leave_no_duplicate_or_stale_rows(tmp_path, monkeypatch):
+def test_crashes_leave_no_duplicate_or_stale_rows(refreshing_run, tmp_path, monkeypatch):
     """A crash before the first checkpoint, and one inside an epoch that began with a refresh."""
     monkeypatch.setitem(methods.REGISTRY, "refreshing", _refreshing_method)
     sources.register("flaky_synthetic")(_FlakyDataset)
-    config = tiny(load_config("vse", "synthetic"), epochs=3)
-    config.data.name = "flaky_synthetic"
-    config.method = "refreshing"
-    config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
+    config, straight, workdir = refreshing_run
     late_in_epoch = int(np.random.default_rng((config.seed, 1)).permutation(320)[260])
     _FlakySplit.armed = False
-    straight = train_and_evaluate(config, str(tmp_path / "straight"))
-    expected = read_metrics(tmp_path / "straight")
+    expected = read_metrics(workdir)
 
     def arm(epoch, metrics):
         _FlakySplit.armed = True

@@ -429,14 +429,27 @@ def _turns_config():
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
     config.optim.schedule, config.optim.decay_every = "step", 1
     config.train.log_every_steps = 1
+    # 20 warm-up steps, then 7 steps per network and epoch: a save inside network 1's
+    # pass of epoch 1 (steps 28-34) at step 30, for the mid-pass resume.
+    config.train.checkpoint_every_steps = 10
+    config.train.num_devices = 1  # the 8-device resumes: tests/train/test_faults.py
     return config
 
 
-def test_in_turn_epochs_log_lengths_rates_and_never_select_warmup(tmp_path, monkeypatch):
-    monkeypatch.setitem(methods.REGISTRY, "turns", _turns)
-    config = _turns_config()
-    results = train_and_evaluate(config, str(tmp_path))
-    rows = read_metrics(tmp_path)
+@pytest.fixture(scope="module")
+def turns_run(tmp_path_factory):
+    """The uninterrupted run of ``_turns_config()``: (config, results, workdir)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(methods.REGISTRY, "turns", _turns)
+        config = _turns_config()
+        workdir = tmp_path_factory.mktemp("turns") / "straight"
+        results = train_and_evaluate(config, str(workdir))
+    return config, results, workdir
+
+
+def test_in_turn_epochs_log_lengths_rates_and_never_select_warmup(turns_run):
+    config, results, workdir = turns_run
+    rows = read_metrics(workdir)
     val = [r for r in rows if r["split"] == "val"]
     n = config.data.num_train * 5
     # Warm-up: each network one pass over all pairs; then its peer's set, min_batch 2.
@@ -454,12 +467,11 @@ def test_in_turn_epochs_log_lengths_rates_and_never_select_warmup(tmp_path, monk
     assert all("loss_update1" in r for r in train if r["epoch"] > 0)
 
 
-def test_resume_mid_pass_gives_the_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_mid_pass_gives_the_uninterrupted_run(turns_run, tmp_path, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "turns", _turns)
-    config = _turns_config()
-    every = config.train.checkpoint_every_steps = 3
-    straight = train_and_evaluate(config, str(tmp_path / "straight"))
-    expected = read_metrics(tmp_path / "straight")
+    config, straight, workdir = turns_run
+    every = config.train.checkpoint_every_steps
+    expected = read_metrics(workdir)
     # Crash in epoch 1 (the reset epoch), inside network 1's pass, just after a save there.
     steps = [
         int(r["step"])
