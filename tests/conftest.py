@@ -8,15 +8,19 @@ program once. A cached executable is the one a fresh compilation would produce, 
 result depends on the cache.
 
 The rest of the compile time is XLA's CPU backend: each test compiles programs that then
-run a few steps on tiny shapes. ``FAST_COMPILE`` (LLVM at optimisation level 0, the
-loop emitters instead of the fusion emitters) halves it (the default suite: 727 s against
-459 s on the 2-core machine, benchmarks/RESULTS.md). The code it emits runs slower and may
-round differently in the last bits; every test's tolerance is one that a real run's
-differently-compiled program must meet anyway. Training runs outside the tests use XLA's
-defaults. A jaxlib that no longer knows one of these flags would abort at start-up, so
-they are tried in a subprocess first and left out if it fails.
+run a few steps on tiny shapes. ``FAST_COMPILE`` (LLVM at optimisation level 0, the loop
+emitters instead of the fusion emitters) compiles them in about 60% of the time and runs
+them about 30% slower (benchmarks/suite_compile_flags.py; the default suite takes about 7
+minutes instead of 12 on the 2-core machine, benchmarks/RESULTS.md). Its code may round
+differently in the last bits; every test's tolerance is one that a differently-compiled
+program must meet anyway. It is left out where execution dominates: a run that selects
+the slow tests (``-m slow``), the tests' own training subprocesses that reset XLA_FLAGS,
+and every run outside the tests; NCLJAX_TEST_FAST_COMPILE=0 leaves it out everywhere. A
+jaxlib that no longer knows one of these flags would abort at start-up, so they are tried
+in a subprocess first and left out if it fails.
 """
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -33,20 +37,33 @@ def _known_to_xla(flags: str) -> bool:
     return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
 
 
-# Must be set before jax is imported anywhere in the test session. The controller decides
-# once; the xdist workers inherit its environment, hence these flags and its cache directory.
-# NCLJAX_TEST_FAST_COMPILE=0 tests with XLA's default compilation.
+def _selects_slow(argv: list[str]) -> bool:
+    """Whether the command line's last ``-m`` expression selects the slow tests."""
+    exprs = [b for a, b in itertools.pairwise(argv) if a == "-m"]
+    exprs += [a[2:] for a in argv if a.startswith("-m") and len(a) > 2]  # -mslow
+    return bool(exprs) and "slow" in exprs[-1] and "not slow" not in exprs[-1]
+
+
+def _fast_compile() -> str:
+    """``FAST_COMPILE``, unless NCLJAX_TEST_FAST_COMPILE=0, the run selects the slow tests
+    (long learning runs, where execution outweighs compilation) or this jaxlib refuses it."""
+    if os.environ.get("NCLJAX_TEST_FAST_COMPILE", "1") == "0" or _selects_slow(sys.argv):
+        return ""
+    return FAST_COMPILE if _known_to_xla(FAST_COMPILE) else ""
+
+
+# Must be set before jax is imported anywhere in the test session (this file is the first
+# conftest pytest loads). The controller decides; the xdist workers inherit its environment,
+# hence the same flags and compilation cache.
 # The 8 fake devices' collectives run as 8 rendezvousing threads; with two xdist workers on
 # 2 cores one participant can be descheduled long enough that XLA's default terminate
 # timeout aborted a worker once ("may be stuck", then "Fatal Python error: Aborted").
 # A longer timeout lets a starved participant arrive; a true deadlock still ends.
 if "NCLJAX_TEST_XLA_FLAGS" not in os.environ:
-    wanted = os.environ.get("NCLJAX_TEST_FAST_COMPILE", "1") != "0"
-    fast = FAST_COMPILE if wanted and _known_to_xla(FAST_COMPILE) else ""
     os.environ["NCLJAX_TEST_XLA_FLAGS"] = " ".join(
         [
             os.environ.get("XLA_FLAGS", ""),
-            fast,
+            _fast_compile(),
             "--xla_force_host_platform_device_count=8",
             "--xla_cpu_collective_call_terminate_timeout_seconds=300",
             "--xla_cpu_collective_timeout_seconds=300",
