@@ -98,13 +98,11 @@ DAMAGE = {
     "truncated orbax metadata": lambda step: _truncate(step / "state" / "_METADATA"),
     "missing state item": lambda step: shutil.rmtree(step / "state"),
 }
-# Two kinds in the default run (the suite's time budget); every kind with -m slow.
-FAST_DAMAGE = ("truncated array files", "truncated progress JSON")
 
 
 @pytest.mark.parametrize(
     "damage",
-    [d if d in FAST_DAMAGE else pytest.param(d, marks=pytest.mark.slow) for d in DAMAGE],
+    list(DAMAGE),  # every kind in the default run: the resumes reuse the fixture's programs
 )
 def test_damaged_latest_checkpoint_resumes_from_the_previous_one(
     runs, tmp_path, damage, caplog, capsys
