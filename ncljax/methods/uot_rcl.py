@@ -349,8 +349,25 @@ def label_estimate(memory: base.Memory) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(labels, -1), labels.sum(-1) > 0.5
 
 
-def bind(s: Settings) -> base.Method:
-    """UOT-RCL's bundle with the settings ``s`` bound."""
+def check_model(model_config) -> None:
+    """UOT-RCL keeps its confident set (the anchors) as the pairs' global feature vectors
+    (``init_memory`` sizes them by ``info.image_dim``/``text_dim``, :func:`refresh` fetches
+    ``global_image``/``global_text`` and :func:`forward` encodes them as such), so it trains
+    on global inputs only; region/token inputs are refused here, before any step."""
+    if model_config is None:
+        return
+    if (model_config.image_input, model_config.text_input) != ("global", "global"):
+        raise ValueError(
+            "uot_rcl keeps its confident set (the anchors) as global feature vectors, so it "
+            "trains on global inputs only: set model.image_input='global' and "
+            "model.text_input='global' (region/token inputs are not supported yet)."
+        )
+
+
+def bind(s: Settings, model_config=None) -> base.Method:
+    """UOT-RCL's bundle with the settings ``s`` bound; ``model_config`` (the run's model
+    section, where given) is checked by :func:`check_model`."""
+    check_model(model_config)
     return base.bind_module(
         "uot_rcl",
         sys.modules[__name__],

@@ -18,7 +18,11 @@ head's among them: its gradient reaches the loss) and, for a co-taught (in-turn)
 that the frozen peer did not move.
 
 Not covered: ``ce`` and ``uot_rcl`` train class prototypes (``model.classifier=True``),
-which the SGRAF model refuses, so they have no SGRAF cell.
+which the SGRAF model refuses, so they have no SGRAF cell. CE steps here on region/token
+inputs (``test_ce_steps_on_regions_and_tokens``): ``configs/ce.py:synthetic`` switched from
+global vectors to regions and tokens, on the cosine head with its prototypes, on the
+labelled pairs of the ``data`` fixture. UOT-RCL keeps its confident set as global feature
+vectors and refuses region/token inputs in one line (``uot_rcl.check_model``).
 """
 
 import os
@@ -28,12 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from ncljax import methods, models
 from ncljax.methods import base
+from ncljax.models import encoders, heads
 from ncljax.train import config as config_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
+from ncljax.train.fields import reset_unread
 from tests.methods.conftest import N
 from tests.methods.steps import train_steps
 
@@ -179,3 +186,93 @@ def test_main_step_runs_on_the_sgraf_head(data, name, head):
     for k in before:
         assert np.isfinite(after[k]).all(), k
         np.testing.assert_array_equal(after[k][stepping:], before[k][stepping:], err_msg=k)
+
+
+def _observed_labels(batches):
+    """The observed image and caption label of each training pair, from the batches."""
+    image, text = np.full(N, -1, np.int64), np.full(N, -1, np.int64)
+    for batch in batches:
+        real = batch["mask"]
+        image[batch["index"][real]] = batch["label_image"][real]
+        text[batch["index"][real]] = batch["label_text"][real]
+    assert (image >= 0).all() and (text >= 0).all()
+    return image, text
+
+
+def _classifier_method_and_model(name, labels):
+    """The method and shrunk model section of ``configs/<name>.py:synthetic`` switched to
+    region/token inputs (the cosine head, class prototypes)."""
+    config = config_lib.load_file(f"{ROOT}/configs/{name}.py", "synthetic")
+    m = config.model
+    assert m.classifier and m.head == "cosine"
+    assert (m.image_input, m.text_input) == ("global", "global")  # the config's backbone
+    m.image_input, m.text_input = "regions", "tokens"
+    reset_unread(config)  # the global-vector sizes
+    m.embed_dim, m.word_dim, m.length_groups, m.remat = 16, 8, 1, "none"
+    method = methods.build_method(config.method, config.method_kwargs, model_config=m)
+    init = method.init_memory
+
+    def init_memory(ctx):
+        # The observed labels and embedding size the training loop gives init_memory.
+        ctx = ctx._replace(labels_image=labels[0], labels_text=labels[1], embed_dim=m.embed_dim)
+        return init(ctx)
+
+    return method._replace(init_memory=init_memory), m
+
+
+def test_ce_steps_on_regions_and_tokens(data):
+    info, batches = data
+    name = "ce"
+    assert info.num_classes > 1
+    assert {"label_image", "label_text", "regions", "tokens"} <= batches[0].keys()
+    method, cfg = _classifier_method_and_model(name, _observed_labels(batches))
+    plan = method.plan_fn(STEADY_EPOCH)
+    assert plan.phase >= base.MAIN or all(
+        method.plan_fn(e).phase == plan.phase for e in range(STEADY_EPOCH)
+    )
+    spec = step_lib.StepSpec(phase=plan.phase, updates=tuple(plan.updates), in_turn=plan.in_turn)
+    assert spec.updates == (0,) and method.num_networks == 1
+    state, metrics = train_steps(
+        method,
+        cfg,
+        info,
+        [_pairs(batches[0], 0)],
+        num_devices=1,
+        num_samples=N,
+        phase=spec,
+        networks=1,
+    )
+    fresh = _fresh_params(method, cfg, info)
+    before, after = _leaves(fresh), _leaves(state.params)
+
+    # Class prototypes over the region encoder and the GRU text encoder.
+    model = models.build_model(cfg, info, nnx.Rngs(0), heads_fn=method.heads_fn)
+    assert isinstance(model.classifier, heads.Prototypes)
+    assert isinstance(model.image_encoder, encoders.RegionEncoder)
+    assert isinstance(model.text_encoder, encoders.GRUTextEncoder)
+    assert "['classifier']['prototypes']" in before, sorted(before)
+    assert any("['text_encoder']['forward_gru']" in k for k in before), sorted(before)
+
+    # Every logged loss is finite, over the step's real pairs.
+    losses = {k: np.asarray(v) for k, v in metrics.items() if k.startswith("loss")}
+    assert "loss" in losses
+    for k, (total, count) in losses.items():
+        assert count == PAIRS and np.isfinite(total), (k, total, count)
+
+    # The parameters moved: the prototypes and both encoders among them.
+    assert before.keys() == after.keys()
+    moved = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert "['classifier']['prototypes']" in moved, sorted(moved)
+    assert any("['image_encoder']" in k for k in moved), sorted(moved)
+    assert any("['text_encoder']" in k for k in moved), sorted(moved)
+    for k in after:
+        assert np.isfinite(after[k]).all(), k
+
+
+def test_uot_rcl_refuses_region_and_token_inputs_in_one_line():
+    config = config_lib.load_file(f"{ROOT}/configs/uot_rcl.py", "synthetic")
+    methods.build_method(config.method, config.method_kwargs, model_config=config.model)
+    config.model.image_input, config.model.text_input = "regions", "tokens"
+    with pytest.raises(ValueError, match=r"model\.image_input='global'") as error:
+        methods.build_method(config.method, config.method_kwargs, model_config=config.model)
+    assert "\n" not in str(error.value) and "not supported yet" in str(error.value)
