@@ -142,10 +142,50 @@ CHECKS = {
 }
 
 
-def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
+# The confident set keeps each anchor pair's raw model inputs (what the encoders read), in
+# memory under these keys: global vectors, or regions and tokens with their lengths.
+ANCHOR_KEYS = {
+    "global_image": "anchors_image",
+    "global_text": "anchors_text",
+    "regions": "anchors_regions",
+    "tokens": "anchors_tokens",
+    "length": "anchors_length",
+}
+_IMAGE_FIELDS = {"global": ("global_image",), "regions": ("regions",)}
+_TEXT_FIELDS = {"global": ("global_text",), "tokens": ("tokens", "length")}
+
+
+def _anchor_inputs(info, g: int, inputs: tuple[str, str]) -> dict[str, jax.Array]:
+    """Zeros for ``g`` anchors' raw inputs of the model's ``(image_input, text_input)``."""
+    shapes = {
+        "global_image": lambda: ((info.image_dim,), jnp.float32),
+        "global_text": lambda: ((info.text_dim,), jnp.float32),
+        "regions": lambda: ((info.num_regions, info.region_dim), jnp.float32),
+        "tokens": lambda: ((info.max_length,), jnp.int32),
+        "length": lambda: ((), jnp.int32),
+    }
+    zeros = {}
+    for field in _IMAGE_FIELDS[inputs[0]] + _TEXT_FIELDS[inputs[1]]:
+        shape, dtype = shapes[field]()
+        zeros[ANCHOR_KEYS[field]] = jnp.zeros((g, *shape), dtype)
+    return zeros
+
+
+def _anchor_batches(memory_state) -> tuple[dict, dict]:
+    """The confident set's stored inputs as an image batch and a caption batch."""
+    stored = {f: memory_state[key] for f, key in ANCHOR_KEYS.items() if key in memory_state}
+    image = {f: stored[f] for f in ("global_image", "regions") if f in stored}
+    text = {f: stored[f] for f in ("global_text", "tokens", "length") if f in stored}
+    return image, text
+
+
+def init_memory(
+    s: Settings, ctx: base.InitContext, *, inputs: tuple[str, str] = ("global", "global")
+) -> base.Memory:
     """Soft targets at the observed one-hot labels, no corrected labels yet (all zero),
-    an empty confident set of ``num_classes * per_class`` anchors, and the class
-    marginal of the partial OT.
+    an empty confident set of ``num_classes * per_class`` anchors (their raw inputs of the
+    model's ``inputs``, ``(image_input, text_input)``), and the class marginal of the
+    partial OT.
 
     Raises:
       ValueError: where the dataset has no class labels.
@@ -164,8 +204,7 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
             "labels": jnp.zeros((n, k), jnp.float32),
         },
         state={
-            "anchors_image": jnp.zeros((g, info.image_dim), jnp.float32),
-            "anchors_text": jnp.zeros((g, info.text_dim), jnp.float32),
+            **_anchor_inputs(info, g, inputs),
             "anchor_mask": jnp.zeros(g, bool),
             "anchor_z_image": jnp.zeros((g, ctx.embed_dim), jnp.float32),
             "anchor_z_text": jnp.zeros((g, ctx.embed_dim), jnp.float32),
@@ -190,8 +229,9 @@ def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=
     if not (train and phase == _MAIN):
         return outputs
     if s.anchors == "current":
-        anchor_image = model.encode_image({"global_image": memory_state["anchors_image"]})
-        anchor_text = model.encode_text({"global_text": memory_state["anchors_text"]})
+        image_batch, text_batch = _anchor_batches(memory_state)
+        anchor_image = model.encode_image(image_batch)
+        anchor_text = model.encode_text(text_batch)
         outputs["anchor_z_image"] = jax.lax.stop_gradient(anchor_image["emb"])
         outputs["anchor_z_text"] = jax.lax.stop_gradient(anchor_text["emb"])
     else:
@@ -312,11 +352,10 @@ def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = N
     )
     fetched = ctx.fetch(np.asarray(confident_set.index))
     state = dict(memory.state)
-    state.update(
-        anchors_image=fetched["global_image"],
-        anchors_text=fetched["global_text"],
-        anchor_mask=confident_set.mask,
-    )
+    for field, key in ANCHOR_KEYS.items():
+        if key in state:  # the model's inputs (init_memory)
+            state[key] = jnp.asarray(fetched[field], state[key].dtype)
+    state["anchor_mask"] = confident_set.mask
     if s.anchors == "snapshot":
         state.update(
             anchor_z_image=stats["z_image"][confident_set.index],
@@ -349,29 +388,17 @@ def label_estimate(memory: base.Memory) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(labels, -1), labels.sum(-1) > 0.5
 
 
-def check_model(model_config) -> None:
-    """UOT-RCL keeps its confident set (the anchors) as the pairs' global feature vectors
-    (``init_memory`` sizes them by ``info.image_dim``/``text_dim``, :func:`refresh` fetches
-    ``global_image``/``global_text`` and :func:`forward` encodes them as such), so it trains
-    on global inputs only; region/token inputs are refused here, before any step."""
-    if model_config is None:
-        return
-    if (model_config.image_input, model_config.text_input) != ("global", "global"):
-        raise ValueError(
-            "uot_rcl keeps its confident set (the anchors) as global feature vectors, so it "
-            "trains on global inputs only: set model.image_input='global' and "
-            "model.text_input='global' (region/token inputs are not supported yet)."
-        )
-
-
 def bind(s: Settings, model_config=None) -> base.Method:
     """UOT-RCL's bundle with the settings ``s`` bound; ``model_config`` (the run's model
-    section, where given) is checked by :func:`check_model`."""
-    check_model(model_config)
+    section, where given) says which raw inputs the confident set keeps."""
+    inputs = ("global", "global")
+    if model_config is not None:
+        inputs = (model_config.image_input, model_config.text_input)
     return base.bind_module(
         "uot_rcl",
         sys.modules[__name__],
         s,
+        init_memory=functools.partial(init_memory, s, inputs=inputs),
         refresh_fn=functools.partial(refresh, s, estimate_fn=estimator(s)),
         label_estimate_fn=label_estimate,
         num_networks=s.num_networks,

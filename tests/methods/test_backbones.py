@@ -21,8 +21,8 @@ Not covered: ``ce`` and ``uot_rcl`` train class prototypes (``model.classifier=T
 which the SGRAF model refuses, so they have no SGRAF cell. CE steps here on region/token
 inputs (``test_ce_steps_on_regions_and_tokens``): ``configs/ce.py:synthetic`` switched from
 global vectors to regions and tokens, on the cosine head with its prototypes, on the
-labelled pairs of the ``data`` fixture. UOT-RCL keeps its confident set as global feature
-vectors and refuses region/token inputs in one line (``uot_rcl.check_model``).
+labelled pairs of the ``data`` fixture; UOT-RCL trains on them in
+``tests/methods/test_uot_rcl.py`` (``test_trains_on_regions_and_tokens``).
 """
 
 import os
@@ -267,12 +267,3 @@ def test_ce_steps_on_regions_and_tokens(data):
     assert any("['text_encoder']" in k for k in moved), sorted(moved)
     for k in after:
         assert np.isfinite(after[k]).all(), k
-
-
-def test_uot_rcl_refuses_region_and_token_inputs_in_one_line():
-    config = config_lib.load_file(f"{ROOT}/configs/uot_rcl.py", "synthetic")
-    methods.build_method(config.method, config.method_kwargs, model_config=config.model)
-    config.model.image_input, config.model.text_input = "regions", "tokens"
-    with pytest.raises(ValueError, match=r"model\.image_input='global'") as error:
-        methods.build_method(config.method, config.method_kwargs, model_config=config.model)
-    assert "\n" not in str(error.value) and "not supported yet" in str(error.value)

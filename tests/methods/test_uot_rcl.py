@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from ncljax import methods, models
 from ncljax.data import pipeline, synthetic
@@ -22,6 +23,7 @@ from ncljax.train import mesh as mesh_lib
 from ncljax.train import presets, train_and_evaluate
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
+from ncljax.train.fields import reset_unread
 
 WARMUP, MAIN = 0, 1
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -255,6 +257,67 @@ def test_refresh_fills_targets_labels_anchors_and_diagnostics(labelled):
     labels, selected = method.label_estimate_fn(memory)
     np.testing.assert_array_equal(labels, q.argmax(1))
     np.testing.assert_array_equal(selected, q.sum(1) > 0.5)
+
+
+def test_regions_and_tokens_keep_the_confident_sets_own_inputs():
+    """On region/token inputs the confident set keeps its pairs' regions, tokens and lengths
+    (fetched by index), and the main-phase forward encodes exactly those pairs."""
+    cfg = synthetic.default_config()
+    cfg.num_train, cfg.num_val, cfg.num_test, cfg.captions_per_image = 40, 4, 4, 1
+    ds = synthetic.SyntheticDataset(cfg)
+    info = ds.info
+    pairs = pipeline.training_pairs(
+        ds.split("train"),
+        config_lib.base_config().noise,
+        num_classes=info.num_classes,
+        image_fields=("regions",),
+        text_fields=("tokens", "length"),
+    )
+    model_cfg = config_lib.base_config().model
+    model_cfg.classifier, model_cfg.embed_dim, model_cfg.word_dim = True, 8, 8
+    assert (model_cfg.image_input, model_cfg.text_input) == ("regions", "tokens")
+    method = methods.build_method(
+        "uot_rcl", {"neighbours": 5, "per_class": 2}, model_config=model_cfg
+    )
+    memory, _, stats = _main_memory(method, info, pairs, jax.random.key(0))
+    state = memory.state
+    assert "anchors_image" not in state and "anchors_text" not in state
+    confident = correction.confident_set(
+        jax.nn.softmax(stats["logits_image"]), jax.nn.softmax(stats["logits_text"]), per_class=2
+    )
+    records = [pairs.record_fn(int(i)) for i in np.asarray(confident.index)]
+    want = {f: np.stack([r[f] for r in records]) for f in ("regions", "tokens", "length")}
+    np.testing.assert_array_equal(state["anchors_regions"], want["regions"])
+    np.testing.assert_array_equal(state["anchors_tokens"], want["tokens"])
+    np.testing.assert_array_equal(state["anchors_length"], want["length"])
+    assert state["anchors_tokens"].dtype == jnp.int32 and want["length"].min() > 0
+
+    model = models.build_model(model_cfg, info, nnx.Rngs(0))
+    batch = {k: jnp.asarray(np.stack([v] * 2)) for k, v in pairs.record_fn(0).items()}
+    outputs = method.forward_fn(model, batch, state, train=True, rngs=nnx.Rngs(1), phase=base.MAIN)
+    np.testing.assert_allclose(
+        outputs["anchor_z_image"], model.encode_image({"regions": want["regions"]})["emb"]
+    )
+    text = {"tokens": want["tokens"], "length": want["length"]}
+    np.testing.assert_allclose(outputs["anchor_z_text"], model.encode_text(text)["emb"])
+
+
+def test_trains_on_regions_and_tokens(tmp_path):
+    """The cosine head over region/token inputs: a warm-up epoch, then a refresh and a
+    corrected epoch whose steps encode the confident set's regions and tokens."""
+    config = load_config("uot_rcl", "synthetic,quick")
+    config.model.image_input, config.model.text_input = "regions", "tokens"
+    reset_unread(config)  # the global-vector sizes
+    config.model.embed_dim, config.model.word_dim = 16, 8
+    config.data.num_train, config.data.num_val, config.data.num_test = 100, 20, 20
+    config.train.epochs, config.method_kwargs.warmup_epochs = 2, 1
+    config.method_kwargs.neighbours = 5
+    config.train.num_devices, config.train.progress_bar = 1, False
+    results = train_and_evaluate(config, str(tmp_path))
+    refresh = [r for r in _read(str(tmp_path)) if r.get("split") == "refresh"]
+    assert [r["epoch"] for r in refresh] == [1] and refresh[0]["ot_converged"] == 1.0
+    assert refresh[0]["confident_pairs"] > 0
+    assert 0 < results["map_i2t"] <= 1 and 0 < results["map_t2i"] <= 1
 
 
 def test_unconverged_label_ot_is_logged_as_a_warning(labelled, caplog):
