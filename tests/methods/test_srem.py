@@ -249,5 +249,9 @@ def test_srem_beats_the_baselines_and_its_selection_sharpens(tmp_path, rate):
     print("selection precision per main epoch:", np.round(curve, 3).tolist())
     # Measured: flat at 0.997-1.0 over the main epochs at 40%; at 60% 0.25 and 0.74 in
     # the first two main epochs, then 0.99-1.0 (the early errors are not reinforced).
-    assert curve[-1] >= max(curve[0], 0.95), curve
-    assert np.mean(curve[len(curve) // 2 :]) >= np.mean(curve[: len(curve) // 2]), curve
+    # Not reinforced: no drop beyond 0.1 points, the scatter of a curve saturated at 0.999
+    # (at 40% a run failed the exact comparison by 0.99891 against 0.99899); a reinforcing
+    # error costs whole points, as the 60% curve's first epochs show.
+    assert curve[-1] >= max(curve[0] - 1e-3, 0.95), curve
+    first, last = np.mean(curve[: len(curve) // 2]), np.mean(curve[len(curve) // 2 :])
+    assert last >= first - 1e-3, curve
