@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ncljax import losses
+from ncljax import losses, models
 from ncljax.labels import correction, ot
 from ncljax.methods import base, baselines, settings
 
@@ -142,8 +142,9 @@ CHECKS = {
 }
 
 
-# The confident set keeps each anchor pair's raw model inputs (what the encoders read), in
-# memory under these keys: global vectors, or regions and tokens with their lengths.
+# The confident set keeps each anchor pair's raw model inputs (the fields the encoders read,
+# ``models.input_fields``), in memory under these keys, each of ``g`` rows of this shape
+# (``DatasetInfo`` attributes) and dtype.
 ANCHOR_KEYS = {
     "global_image": "anchors_image",
     "global_text": "anchors_text",
@@ -151,41 +152,39 @@ ANCHOR_KEYS = {
     "tokens": "anchors_tokens",
     "length": "anchors_length",
 }
-_IMAGE_FIELDS = {"global": ("global_image",), "regions": ("regions",)}
-_TEXT_FIELDS = {"global": ("global_text",), "tokens": ("tokens", "length")}
+_ANCHOR_ROWS = {
+    "global_image": (("image_dim",), jnp.float32),
+    "global_text": (("text_dim",), jnp.float32),
+    "regions": (("num_regions", "region_dim"), jnp.float32),
+    "tokens": (("max_length",), jnp.int32),
+    "length": ((), jnp.int32),
+}
+_GLOBAL_INPUTS = (("global_image",), ("global_text",))
 
 
-def _anchor_inputs(info, g: int, inputs: tuple[str, str]) -> dict[str, jax.Array]:
-    """Zeros for ``g`` anchors' raw inputs of the model's ``(image_input, text_input)``."""
-    shapes = {
-        "global_image": lambda: ((info.image_dim,), jnp.float32),
-        "global_text": lambda: ((info.text_dim,), jnp.float32),
-        "regions": lambda: ((info.num_regions, info.region_dim), jnp.float32),
-        "tokens": lambda: ((info.max_length,), jnp.int32),
-        "length": lambda: ((), jnp.int32),
-    }
-    zeros = {}
-    for field in _IMAGE_FIELDS[inputs[0]] + _TEXT_FIELDS[inputs[1]]:
-        shape, dtype = shapes[field]()
-        zeros[ANCHOR_KEYS[field]] = jnp.zeros((g, *shape), dtype)
-    return zeros
+def _empty_anchors(info, g: int, fields) -> dict[str, jax.Array]:
+    """Zeros for ``g`` anchors' raw inputs of the model's ``fields``."""
+    empty = {}
+    for field in fields:
+        row, dtype = _ANCHOR_ROWS[field]
+        empty[ANCHOR_KEYS[field]] = jnp.zeros((g, *(getattr(info, a) for a in row)), dtype)
+    return empty
 
 
 def _anchor_batches(memory_state) -> tuple[dict, dict]:
     """The confident set's stored inputs as an image batch and a caption batch."""
     stored = {f: memory_state[key] for f, key in ANCHOR_KEYS.items() if key in memory_state}
-    image = {f: stored[f] for f in ("global_image", "regions") if f in stored}
-    text = {f: stored[f] for f in ("global_text", "tokens", "length") if f in stored}
-    return image, text
+    image = {f: v for f, v in stored.items() if f in ("global_image", "regions")}
+    return image, {f: v for f, v in stored.items() if f not in image}
 
 
 def init_memory(
-    s: Settings, ctx: base.InitContext, *, inputs: tuple[str, str] = ("global", "global")
+    s: Settings, ctx: base.InitContext, *, fields: tuple = _GLOBAL_INPUTS
 ) -> base.Memory:
     """Soft targets at the observed one-hot labels, no corrected labels yet (all zero),
-    an empty confident set of ``num_classes * per_class`` anchors (their raw inputs of the
-    model's ``inputs``, ``(image_input, text_input)``), and the class marginal of the
-    partial OT.
+    an empty confident set of ``num_classes * per_class`` anchors (their raw inputs: the
+    model's image and caption ``fields``, ``models.input_fields``), and the class marginal
+    of the partial OT.
 
     Raises:
       ValueError: where the dataset has no class labels.
@@ -204,7 +203,7 @@ def init_memory(
             "labels": jnp.zeros((n, k), jnp.float32),
         },
         state={
-            **_anchor_inputs(info, g, inputs),
+            **_empty_anchors(info, g, fields[0] + fields[1]),
             "anchor_mask": jnp.zeros(g, bool),
             "anchor_z_image": jnp.zeros((g, ctx.embed_dim), jnp.float32),
             "anchor_z_text": jnp.zeros((g, ctx.embed_dim), jnp.float32),
@@ -391,14 +390,12 @@ def label_estimate(memory: base.Memory) -> tuple[jax.Array, jax.Array]:
 def bind(s: Settings, model_config=None) -> base.Method:
     """UOT-RCL's bundle with the settings ``s`` bound; ``model_config`` (the run's model
     section, where given) says which raw inputs the confident set keeps."""
-    inputs = ("global", "global")
-    if model_config is not None:
-        inputs = (model_config.image_input, model_config.text_input)
+    fields = _GLOBAL_INPUTS if model_config is None else models.input_fields(model_config)
     return base.bind_module(
         "uot_rcl",
         sys.modules[__name__],
         s,
-        init_memory=functools.partial(init_memory, s, inputs=inputs),
+        init_memory=functools.partial(init_memory, s, fields=fields),
         refresh_fn=functools.partial(refresh, s, estimate_fn=estimator(s)),
         label_estimate_fn=label_estimate,
         num_networks=s.num_networks,

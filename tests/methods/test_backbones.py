@@ -188,44 +188,24 @@ def test_main_step_runs_on_the_sgraf_head(data, name, head):
         np.testing.assert_array_equal(after[k][stepping:], before[k][stepping:], err_msg=k)
 
 
-def _observed_labels(batches):
-    """The observed image and caption label of each training pair, from the batches."""
-    image, text = np.full(N, -1, np.int64), np.full(N, -1, np.int64)
-    for batch in batches:
-        real = batch["mask"]
-        image[batch["index"][real]] = batch["label_image"][real]
-        text[batch["index"][real]] = batch["label_text"][real]
-    assert (image >= 0).all() and (text >= 0).all()
-    return image, text
-
-
-def _classifier_method_and_model(name, labels):
-    """The method and shrunk model section of ``configs/<name>.py:synthetic`` switched to
+def _ce_method_and_model():
+    """CE and the shrunk model section of ``configs/ce.py:synthetic`` switched to
     region/token inputs (the cosine head, class prototypes)."""
-    config = config_lib.load_file(f"{ROOT}/configs/{name}.py", "synthetic")
+    config = config_lib.load_file(f"{ROOT}/configs/ce.py", "synthetic")
     m = config.model
     assert m.classifier and m.head == "cosine"
     assert (m.image_input, m.text_input) == ("global", "global")  # the config's backbone
     m.image_input, m.text_input = "regions", "tokens"
     reset_unread(config)  # the global-vector sizes
     m.embed_dim, m.word_dim, m.length_groups, m.remat = 16, 8, 1, "none"
-    method = methods.build_method(config.method, config.method_kwargs, model_config=m)
-    init = method.init_memory
-
-    def init_memory(ctx):
-        # The observed labels and embedding size the training loop gives init_memory.
-        ctx = ctx._replace(labels_image=labels[0], labels_text=labels[1], embed_dim=m.embed_dim)
-        return init(ctx)
-
-    return method._replace(init_memory=init_memory), m
+    return methods.build_method(config.method, config.method_kwargs, model_config=m), m
 
 
 def test_ce_steps_on_regions_and_tokens(data):
     info, batches = data
-    name = "ce"
     assert info.num_classes > 1
     assert {"label_image", "label_text", "regions", "tokens"} <= batches[0].keys()
-    method, cfg = _classifier_method_and_model(name, _observed_labels(batches))
+    method, cfg = _ce_method_and_model()
     plan = method.plan_fn(STEADY_EPOCH)
     assert plan.phase >= base.MAIN or all(
         method.plan_fn(e).phase == plan.phase for e in range(STEADY_EPOCH)
