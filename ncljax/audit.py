@@ -164,8 +164,11 @@ SCORES = {
     "pc2": _Score("the GMM posterior that the pair is clean (co-divide)", _gmm_threshold),
     "gsc": _Score("the consistency label min(cross-modal, intra-modal)", _gsc_threshold),
     "srem": _Score(
-        "sigmoid(tau - E) of the pair's mean energy, tau its threshold in use",
-        _half("0.5: the energy at tau"),
+        "the geometric mean of the pair's two in-batch partner probabilities softmax(F)_ii",
+        lambda config, memory0: (
+            None,
+            "SREM divides each batch by energy and argmax (Eq. 2); no cut on this score",
+        ),
     ),
     "ugncl": _Score("the certainty 1 - u of the evidential division", _ugncl_threshold),
     "uot_rcl": _Score(

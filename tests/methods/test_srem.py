@@ -100,8 +100,20 @@ def test_refresh_warns_when_an_epoch_selected_nothing(caplog):
     assert len(caplog.records) == 1
     assert "selected no clean pair in epoch 1" in caplog.records[0].getMessage()
     assert "method_kwargs.tau" in caplog.records[0].getMessage()
-    score = method.clean_score_fn(_memory(np.zeros(10)))  # sigmoid(tau - mean energy)
-    np.testing.assert_allclose(score, jax.nn.sigmoid(-2.0 + 2.0), rtol=1e-6)
+
+
+def test_clean_score_is_the_geometric_mean_of_the_partner_probabilities():
+    """The exported score of a pair is sqrt(p_ii^i2t * p_ii^t2i), p_ii the softmax
+    probability of its partner in its query's row of in-batch logits, as the training step
+    wrote it; computed here by hand from a batch of logits."""
+    method = methods.build_method("srem", {"warmup_epochs": 0})
+    logits = np.array([[2.0, 0.0, -1.0], [1.0, 0.5, 3.0], [0.0, 0.0, 0.0]], np.float32)
+    outputs = {"logit": jnp.asarray(logits)}
+    _, aux = method.loss_fn(outputs, {"mask": jnp.ones(3, bool)}, {}, {}, _ctx(base.MAIN))
+    memory = base.Memory(dict(aux.memory), {})
+    p_i2t = np.exp(logits).diagonal() / np.exp(logits).sum(1)
+    p_t2i = np.exp(logits).diagonal() / np.exp(logits).sum(0)
+    np.testing.assert_allclose(method.clean_score_fn(memory), np.sqrt(p_i2t * p_t2i), rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ncljax import losses, methods
+from ncljax.labels import srem as selection
 from ncljax.methods import base
 from tests.labels.test_srem_calibration import _energies, _otsu_oracle
 
@@ -42,8 +43,9 @@ def _trained_memory(method, n=200, epoch=4, seed=0):
     return base.Memory(samples, memory.state), written
 
 
-def test_refresh_calibrates_each_direction_on_the_last_epochs_energies():
-    method = methods.build_method("srem", {"warmup_epochs": 2})
+@pytest.mark.parametrize("calibration", ["data", "warmup"])
+def test_refresh_calibrates_each_direction_on_the_last_epochs_energies(calibration):
+    method = methods.build_method("srem", {"warmup_epochs": 2, "calibration": calibration})
     # Up to the first main epoch: the Otsu split of the last epoch's energies.
     for epoch in (1, 2):
         memory, written = _trained_memory(method, epoch=epoch, seed=epoch)
@@ -55,12 +57,18 @@ def test_refresh_calibrates_each_direction_on_the_last_epochs_energies():
             np.testing.assert_allclose(division[i], want[:3], rtol=1e-4, atol=1e-5)
             assert diag[f"calibrated_tau_{d}"] == pytest.approx(want[0], rel=1e-4, abs=1e-5)
         assert diag["division_fallback"] == 0.0
-    # Then frozen for the main phase, whatever the energies do.
-    later, _ = _trained_memory(method, epoch=4, seed=9)
+    # In the main phase: 'data' re-measures it on every epoch's energies, 'warmup' keeps
+    # the last warm-up epoch's, whatever the energies do.
+    later, written = _trained_memory(method, epoch=4, seed=9)
     later = base.Memory(dict(later.samples), new.state)
-    frozen, diag = method.refresh_fn(later, None, _refresh_ctx(4))
-    np.testing.assert_array_equal(frozen.state["calibration"], division)
-    assert diag["calibrated_tau_i2t"] == pytest.approx(float(division[0, 0]))
+    again, diag = method.refresh_fn(later, None, _refresh_ctx(4))
+    if calibration == "warmup":
+        np.testing.assert_array_equal(again.state["calibration"], division)
+        assert diag["calibrated_tau_i2t"] == pytest.approx(float(division[0, 0]))
+    else:
+        for i, d in enumerate(("i2t", "t2i")):
+            want = _otsu_oracle(np.asarray(later.samples[f"energy_{d}"])[written])
+            np.testing.assert_allclose(again.state["calibration"][i], want[:3], rtol=1e-4)
     # The next epoch's steps read it through the forward pass.
     logits = _logits(2)
     outputs = method.forward_fn(
@@ -82,12 +90,54 @@ def test_refresh_calibrates_each_direction_on_the_last_epochs_energies():
         where=mask,
     )
     np.testing.assert_allclose(loss, want, rtol=1e-6)
-    # The noise score ranks by energy around the threshold in use.
-    score = method.clean_score_fn(new)
-    mean_energy = 0.5 * (new.samples["energy_i2t"] + new.samples["energy_t2i"])
-    np.testing.assert_allclose(
-        score, jax.nn.sigmoid(division[:, 0].mean() - mean_energy), rtol=1e-5
-    )
+
+
+def test_a_drift_of_the_energies_is_re_measured_not_fallen_back():
+    """A forced drift: every logit of a main epoch falls by 20, so every energy rises by
+    20 (the level the shift-free losses leave free). The division re-measured on the
+    drifted energies ('data') moves with them: the next step selects exactly the pairs the
+    undrifted step selected and trains no fallback. The frozen one ('warmup') selects
+    nothing and the batch falls back."""
+    shift, b = 20.0, 32
+    logits = _logits(3, b=b, boost=3.0)
+    mask = jnp.ones(b, bool)
+    def memory_of(method, f, epoch):
+        memory = method.init_memory(base.InitContext(b, None, None, None))
+        samples = dict(memory.samples)
+        samples["energy_i2t"] = selection.energy(f)
+        samples["energy_t2i"] = selection.energy(f.T)
+        samples["energy_epoch"] = jnp.full(b, epoch - 1.0)
+        return base.Memory(samples, memory.state)
+
+    def step(method, state, f):
+        outputs = method.forward_fn(
+            lambda batch, train, rngs: {"logit": f},
+            {},
+            state,
+            train=True,
+            rngs=None,
+            phase=base.MAIN,
+        )
+        _, aux = method.loss_fn(outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+        fell_back = float(np.asarray(aux.metrics["division_fallback"]).max())
+        return np.asarray(aux.metrics["selected_i2t"]) > 0, fell_back
+
+    for calibration in ("data", "warmup"):
+        method = methods.build_method("srem", {"warmup_epochs": 1, "calibration": calibration})
+        warm, _ = method.refresh_fn(memory_of(method, logits, 1), None, _refresh_ctx(1))
+        before, fell_back = step(method, warm.state, logits)
+        assert before.any() and not before.all() and fell_back == 0.0
+        drifted = base.Memory(memory_of(method, logits - shift, 3).samples, warm.state)
+        new, _ = method.refresh_fn(drifted, None, _refresh_ctx(3))
+        after, fell_back = step(method, new.state, logits - shift)
+        if calibration == "data":
+            moved = np.asarray(new.state["calibration"]) - np.asarray(warm.state["calibration"])
+            np.testing.assert_allclose(moved, shift, rtol=1e-4)  # threshold and margins
+            np.testing.assert_array_equal(after, before)
+            assert fell_back == 0.0
+        else:
+            np.testing.assert_array_equal(new.state["calibration"], warm.state["calibration"])
+            assert not after.any() and fell_back == 1.0
 
 
 def test_refresh_keeps_the_previous_calibration_when_the_energies_divide_nothing(caplog):
@@ -144,7 +194,7 @@ def test_paper_calibration_keeps_the_constants_exactly():
 def test_unknown_calibration_says_what_to_set():
     with pytest.raises(ValueError, match="method_kwargs") as error:
         methods.build_method("srem", {"calibration": "gmm"})
-    assert "srem calibration must be one of ('data', 'paper')" in str(error.value)
+    assert "srem calibration must be one of ('data', 'warmup', 'paper')" in str(error.value)
     with pytest.raises(ValueError, match="srem warmup_rectify must be one of"):
         methods.build_method("srem", {"warmup_rectify": "hard"})
 
@@ -153,7 +203,10 @@ def test_configs_keep_the_paper_constants_on_the_papers_benchmarks():
     from tests.train.test_loop import load_config
 
     kwargs = load_config("srem", "synthetic").method_kwargs
+    assert (kwargs.calibration, kwargs.warmup_rectify) == ("warmup", "uniform")
+    kwargs = load_config("srem", "vectors").method_kwargs
     assert (kwargs.calibration, kwargs.warmup_rectify) == ("data", "uniform")
+    assert (kwargs.lambda1, kwargs.cosine_temperature) == (0.0, 0.05)
     for dataset in ("f30k", "coco", "cc152k"):
         kwargs = load_config("srem", dataset).method_kwargs
         assert (kwargs.calibration, kwargs.warmup_rectify) == ("paper", "biased")

@@ -161,8 +161,8 @@ def test_fallback_reasons_by_hand():
     assert len(reasons) == 1 and "fewer than two distinct values" in reasons[0]
 
 
-def test_calibrate_is_frozen_after_the_first_main_epoch():
-    s = srem.Settings(warmup_epochs=1)
+def test_calibrate_is_frozen_after_the_first_main_epoch_with_warmup_calibration():
+    s = srem.Settings(warmup_epochs=1, calibration="warmup")
     previous = jnp.asarray([[-1.0, -2.0, 0.0]] * 2, jnp.float32)
     memory = base.Memory({"energy_i2t": jnp.zeros(4), "energy_t2i": jnp.zeros(4)}, {})
     memory = memory._replace(state={"calibration": previous})
@@ -171,6 +171,11 @@ def test_calibrate_is_frozen_after_the_first_main_epoch():
         assert division is previous and not degenerate and diagnostics == {}
     paper = srem.Settings(calibration="paper")
     assert srem.calibrate(paper, memory, 1)[0] is previous
+    # 'data' re-measures in the main phase: constant energies divide nothing, so the
+    # previous division is kept and the epoch is degenerate.
+    division, degenerate, diagnostics = srem.calibrate(srem.Settings(warmup_epochs=1), memory, 5)
+    assert degenerate and "calibrated_clean_fraction_i2t" in diagnostics
+    np.testing.assert_array_equal(division, previous)
 
 
 def test_energy_score_uses_the_mean_threshold_in_use():
