@@ -96,6 +96,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.log_every_steps = 50
     c.train.checkpoint_every_steps = 0  # 0: at the end of every epoch only
     c.train.progress_bar = True
+    # Every epoch may be selected as best on validation, warm-up included, and no method
+    # restarts the selection (the user path); False: each method's protocol (EpochPlan).
+    c.train.select_every_epoch = False
 
     c.eval = ml_collections.ConfigDict()
     c.eval.kind = "recall"  # 'recall' (Recall@K, rSum) or 'map' (mAP@all)

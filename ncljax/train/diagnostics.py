@@ -44,6 +44,47 @@ def mean_of_sums(accumulated: dict) -> dict[str, float]:
     return {k: ratio(*np.asarray(v, np.float64)) for k, v in host.items()}
 
 
+def fallback_share(rows, main_epochs) -> float:
+    """The share of the main-phase training steps that trained a fallback objective.
+
+    A method reports a degenerate division in one of two ways (``ncljax.methods.base``): per
+    step, as the train metric ``division_fallback`` (SREM: the share of a logging window's
+    steps whose batch divided nothing), or per epoch, as ``division_fallback`` (0 or 1) of
+    the refresh before the epoch (the co-divide, GSC, UGNCL: the whole epoch trains the
+    fallback rule). A train row stands for the steps since the row before it (``step``
+    counts the run's steps); an epoch whose train rows carry the metric is read from them,
+    any other from its refresh.
+
+    Args:
+      rows: the run's ``metrics.jsonl`` rows, in order.
+      main_epochs: the epochs of the main phase (``EpochPlan.phase`` not the warm-up).
+
+    Returns:
+      fallback steps / main-phase steps; NaN for a run with no main-phase step.
+    """
+    main_epochs = set(main_epochs)
+    steps, per_step, flagged, refreshed = {}, {}, {}, {}
+    previous = 0
+    for row in rows:
+        step, epoch, split = row["step"], row.get("epoch"), row["split"]
+        if split == "train" and epoch in main_epochs:
+            weight = max(step - previous, 0)
+            steps[epoch] = steps.get(epoch, 0) + weight
+            value = row.get("division_fallback")
+            if value is not None:
+                per_step[epoch] = per_step.get(epoch, 0.0) + weight * float(value)
+                flagged[epoch] = True
+        if split == "refresh" and row.get("division_fallback") is not None:
+            refreshed[epoch] = refreshed.get(epoch, False) or float(row["division_fallback"]) > 0
+        previous = step
+    total = sum(steps.values())
+    fell_back = sum(
+        per_step.get(e, 0.0) if flagged.get(e) else steps[e] * refreshed.get(e, False)
+        for e in steps
+    )
+    return ratio(fell_back, total)
+
+
 def tracked_pairs(clean: np.ndarray, num: int = NUM_TRACKED) -> np.ndarray:
     """A fixed, seeded subset of pair indices (half clean, half noisy where possible)."""
     rng = np.random.default_rng(0)

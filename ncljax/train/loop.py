@@ -28,13 +28,14 @@ import tqdm
 
 from ncljax import backend, methods, models
 from ncljax.data import pipeline, sources
-from ncljax.methods.base import InitContext
+from ncljax.methods.base import WARMUP, InitContext
 from ncljax.train import checkpoint, optim, passes, rundir, validation, writers
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
 from ncljax.train.diagnostics import (
+    fallback_share,
     label_diagnostics,
     mean_of_sums,
     noise_diagnostics,
@@ -231,12 +232,14 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             val["learning_rate"] = optim.learning_rate(state.opt_state)
             writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
             tqdm.tqdm.write(f"epoch {epoch}: val " + kind.summary(val))
-            if plan.restart_best:
+            every_epoch = config.train.select_every_epoch
+            if plan.restart_best and not every_epoch:
                 meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
-            if plan.selectable:
+            selectable = plan.selectable or every_epoch
+            if selectable:
                 _warn_if_tied(val[selection], meta, epoch, selection)
             # Strictly better: a tie keeps the earlier epoch (see _warn_if_tied).
-            if plan.selectable and val[selection] > meta["best_value"]:
+            if selectable and val[selection] > meta["best_value"]:
                 meta = {
                     **meta,
                     "best_value": val[selection],
@@ -263,6 +266,8 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     test["best_epoch"] = best_meta["best_epoch"]
     test[f"val_{selection}"] = best_meta["best_value"]
     test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
+    main = [e for e in range(num_epochs) if method.plan_fn(e).phase != WARMUP]
+    test["fallback_share"] = fallback_share(writer.rows(), main)
     writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         try:

@@ -99,7 +99,9 @@ def _vectors_pairs(config) -> None:
     folder's own pairs (no simulated noise: a crawl's mismatched pairs are in the folder),
     MLP encoders ``D -> 1024 -> 256`` over the global vectors (``D`` read from the files)
     and the cosine head, Adam 5e-4 with clipping 2.0, constant rate, batch 128, 20 epochs,
-    Recall@K on the folder's val and test splits."""
+    Recall@K on the folder's val and test splits; the best validation epoch is chosen among
+    every epoch, warm-up included (``train.select_every_epoch``: a warm-up model is a model
+    you can use)."""
     config_lib.set_data(config, sources.default_config("vectors"))
     m = config.model
     m.head, m.image_input, m.text_input = "cosine", "global", "global"
@@ -108,6 +110,7 @@ def _vectors_pairs(config) -> None:
     config.noise.kind, config.noise.rate = "none", 0.0
     config.optim.learning_rate = 5e-4
     config.train.batch_size, config.train.epochs = 128, 20
+    config.train.select_every_epoch = True  # a warm-up model is a model a user can use
 
 
 def _vectors_labels(config) -> None:

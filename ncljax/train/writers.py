@@ -61,6 +61,10 @@ class MetricWriter:
                 if k not in ("step", "epoch", "split") and v is not None:
                     self._tb.add_scalar(f"{split}/{k}", v, int(step))
 
+    def rows(self) -> list[dict]:
+        """The rows written so far (process 0; empty elsewhere), in order."""
+        return [row for row, _ in self._read()] if self._active else []
+
     def _read(self) -> list[tuple[dict, str]]:
         """The file's complete rows, parsed and as lines. A damaged row (a partly written
         last line after a power cut or a full disk) is dropped with a warning."""
