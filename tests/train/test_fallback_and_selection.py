@@ -6,7 +6,10 @@ import math
 
 import pytest
 
+from ncljax import methods
+from ncljax.train import loop
 from ncljax.train.diagnostics import fallback_share
+from tests.train.test_loop import load_config
 
 
 def _row(step, epoch, split, **metrics):
@@ -49,10 +52,6 @@ def test_per_epoch_refresh_flags_cover_their_whole_epoch():
 
 
 def test_results_report_the_fallback_share_of_a_run(tmp_path):
-    from tests.train.test_loop import load_config  # a tiny SREM run with a warm-up
-
-    from ncljax.train import loop
-
     config = load_config("srem", "synthetic,quick")
     with config.unlocked():
         config.train.epochs = 2
@@ -72,11 +71,6 @@ def test_selection_among_every_epoch_includes_the_warm_up(tmp_path, every_epoch)
     """``train.select_every_epoch``: the best epoch is the argmax of the validation rSum
     over every epoch (the earliest of ties), warm-up included; off, over the epochs the
     method's plan lets be selected (NCR: not its warm-up)."""
-    from tests.train.test_loop import load_config
-
-    from ncljax import methods
-    from ncljax.train import loop
-
     config = load_config("ncr", "synthetic,quick")  # a warm-up epoch, then co-training
     with config.unlocked():
         config.train.select_every_epoch = every_epoch
