@@ -101,6 +101,7 @@ def test_a_drift_of_the_energies_is_re_measured_not_fallen_back():
     shift, b = 20.0, 32
     logits = _logits(3, b=b, boost=3.0)
     mask = jnp.ones(b, bool)
+
     def memory_of(method, f, epoch):
         memory = method.init_memory(base.InitContext(b, None, None, None))
         samples = dict(memory.samples)
