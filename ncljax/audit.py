@@ -55,7 +55,6 @@ import orbax.checkpoint as ocp
 
 from ncljax import methods, models
 from ncljax.data import noise, pipeline, sources
-from ncljax.labels import ugncl as ugncl_labels
 from ncljax.train import checkpoint, ensemble, rundir
 from ncljax.train import state as state_lib
 
@@ -139,19 +138,13 @@ def _gsc_threshold(config, memory0) -> tuple[None, str]:
 
 
 def _ugncl_threshold(config, memory0) -> tuple[float | None, str]:
-    """``1 - p`` (``calibration='paper'``: ``u < p`` is determined); calibrated, the cut
-    between the certainties of the hard and the determined pairs of the last division,
-    where one value separates them."""
+    """``epsilon`` (``calibration='paper'``: a hard pair with ``q > epsilon`` is
+    hard-clean, Eq. 11); calibrated, none: the division reads ``q`` through a mixture's
+    posterior fitted anew at every division."""
+    del memory0
     if _kwarg(config, "calibration") == "paper":
-        p = float(_kwarg(config, "threshold"))
-        return 1.0 - p, "1 - method_kwargs.threshold: u < p is determined, u >= p hard"
-    certainty = 1.0 - np.asarray(memory0.samples["uncertainty"], np.float64)
-    codes = np.asarray(memory0.samples["codes"])
-    hard = (codes == ugncl_labels.HARD_CLEAN) | (codes == ugncl_labels.HARD_NOISY)
-    if hard.all() or not hard.any() or certainty[hard].max() >= certainty[~hard].min():
-        return None, "the calibrated division has no single cut on 1 - u"
-    cut = 0.5 * (certainty[hard].max() + certainty[~hard].min())
-    return float(cut), "calibrated division: between the hard and the determined pairs"
+        return float(_kwarg(config, "epsilon")), "method_kwargs.epsilon: q > epsilon is hard-clean"
+    return None, "calibrated division: q is read through a two-component mixture, no fixed cut"
 
 
 class _Score(NamedTuple):
@@ -170,7 +163,9 @@ SCORES = {
             "SREM divides each batch by energy and argmax (Eq. 2); no cut on this score",
         ),
     ),
-    "ugncl": _Score("the certainty 1 - u of the evidential division", _ugncl_threshold),
+    "ugncl": _Score(
+        "the soft label q, the pair's own belief that its counterpart matches", _ugncl_threshold
+    ),
     "uot_rcl": _Score(
         "the corrected soft label's mass on the observed labels (mean of image and text)",
         _half("half the pair's mass on its observed label"),

@@ -334,3 +334,16 @@ def test_ugncl_star_ensemble_pools_the_evidence_of_sgr_and_saf_runs(tmp_path):
         ]
     assert [e.pool for e in encoded] == ["logmeanexp"] * 2
     assert encoded[0].images["glob"].shape[2] == 2  # [n, networks, views, D]
+
+
+def test_the_clean_score_is_the_soft_label_not_the_certainty():
+    """The exported verdict ranks by q (the pair's own belief), not by 1 - u: a pair that
+    is certain about another counterpart (low u, low q) ranks below an uncertain pair whose
+    own counterpart is believed (high u, high q)."""
+    method = methods.build_method("ugncl", {})
+    memory = method.init_memory(base.InitContext(2, None, None, None))
+    samples = dict(memory.samples)
+    samples["uncertainty"] = jnp.asarray([0.05, 0.9])
+    samples["soft_label"] = jnp.asarray([0.1, 0.6])
+    score = np.asarray(method.clean_score_fn(base.Memory(samples, memory.state)))
+    np.testing.assert_array_equal(score, np.float32([0.1, 0.6]))
