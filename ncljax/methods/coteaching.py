@@ -61,6 +61,14 @@ class Settings:
         degenerate (``ncljax.labels.gmm.check_division``; 0.01).
       division_min_separation: component means closer than this many standard
         deviations of the normalised losses make the division degenerate (0.1).
+      ranking: the loss every update trains, ``'hinge'`` (the papers: the mean-negative
+        hinge in the warm-up and as the co-divide's per-pair loss, the hardest-negative
+        hinge with the soft margins ``alpha * f(y)`` of the co-rectified targets ``y``
+        after it) or ``'contrastive'`` (a switch for data the hinge does not hold on: the
+        symmetric InfoNCE at ``temperature`` in the warm-up and as the co-divide's loss,
+        weighted by ``y`` after it, the weight taking the soft margin's place; see
+        :func:`rectified_loss`).
+      temperature: the InfoNCE temperature of ``ranking='contrastive'`` (0.07, CLIP's).
     """
 
     margin: float = 0.2
@@ -72,8 +80,11 @@ class Settings:
     loss_reduction: str = "sum"
     division_min_weight: float = 0.01
     division_min_separation: float = 0.1
+    ranking: str = "hinge"
+    temperature: float = 0.07
 
 
+RANKINGS = ("hinge", "contrastive")
 CHECKS = {
     "margin": settings.NON_NEGATIVE,
     "warmup_epochs": settings.NON_NEGATIVE_INT,
@@ -84,6 +95,8 @@ CHECKS = {
     "loss_reduction": settings.LOSS_REDUCTIONS,
     "division_min_weight": settings.DIVISION_MIN_WEIGHT,
     "division_min_separation": settings.NON_NEGATIVE,
+    "ranking": settings.one_of(*RANKINGS),
+    "temperature": settings.POSITIVE,
 }
 
 
@@ -217,13 +230,40 @@ def unless_undivided(s: Settings, loss, sim, peer_rows, mask):
     """``loss`` of the clean update, or the warm-up objective (the mean-negative hinge)
     for a network whose peer has no non-degenerate division yet."""
     undivided = peer_rows["divided"] < 0.5
-    return jnp.where(undivided, losses.triplet_mean(sim, s.margin, where=mask), loss)
+    return jnp.where(undivided, warmup_loss(s, sim, mask), loss)
 
 
 def warmup_loss(s: Settings, sim, mask):
-    """The warm-up objective: the mean-negative hinge ``l_b`` of each pair (margin
-    ``alpha``), also the co-divide's per-pair loss."""
+    """The warm-up objective, also the co-divide's per-pair loss: the mean-negative hinge
+    ``l_b`` of each pair (margin ``alpha``), or with ``ranking='contrastive'`` its
+    symmetric InfoNCE at ``temperature``."""
+    if s.ranking == "contrastive":
+        return losses.symmetric_info_nce(sim, temperature=s.temperature, where=mask)
     return losses.triplet_mean(sim, s.margin, where=mask)
+
+
+def rectified_loss(s: Settings, sim, targets, mask, *, kind: str, margin_of: str):
+    """The loss of a batch with co-rectified targets ``y`` (``[B]``, or ``[B, B]`` for
+    NCR's broadcast labels) and the per-pair weight the logs read (``Aux.loss_weight``).
+
+    ``ranking='hinge'``: the hardest-negative hinge with the soft margins
+    ``losses.soft_margin(y, alpha, kind)`` (NCR Eq. 5, PC2 Eq. 8), the margins as weights.
+    ``'contrastive'``: ``y_b`` times the pair's symmetric InfoNCE; a ``[B, B]`` target
+    reads its diagonal (each pair's own label). A pair the rectifier believes matched
+    (``y`` near 1) is pulled to its partner against every in-batch negative, one it
+    believes mismatched (``y`` near 0) is left alone: the weight plays the soft margin's
+    part, without the hardest negative's dependence on one candidate.
+
+    Returns:
+      ``(per_pair [B], weights [B or B x B])``.
+    """
+    if s.ranking == "contrastive":
+        y = jnp.diagonal(targets) if targets.ndim == 2 else targets
+        y = jax.lax.stop_gradient(y)
+        per_pair = losses.symmetric_info_nce(sim, temperature=s.temperature, where=mask)
+        return y * per_pair, y
+    margins = losses.soft_margin(targets, s.margin, kind=kind)
+    return losses.triplet_hardest(sim, margins, where=mask, margin_of=margin_of), margins
 
 
 def warn_division_fallback(name: str, ctx, checked, divided) -> None:

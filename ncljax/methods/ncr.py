@@ -47,7 +47,6 @@ import jax
 import jax.numpy as jnp
 
 from ncljax import labels as labels_lib
-from ncljax import losses
 from ncljax.labels import ncr as ncr_labels
 from ncljax.methods import base, coteaching, settings
 
@@ -171,15 +170,15 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
     else:  # the peer's noisy set, co-rectified by both networks
         targets = ctx.prepared["noisy"]
         name = "noisy"
-    margins = losses.soft_margin(targets, s.margin, kind=s.soft_margin)
-    matrix = margins.ndim == 2  # a margin per pairing: margin_of does not apply
-    per_pair = losses.triplet_hardest(
-        sim, margins, where=mask, margin_of="positive" if matrix else s.margin_of
+    matrix = targets.ndim == 2  # a margin per pairing: margin_of does not apply
+    per_pair, margins = coteaching.rectified_loss(
+        s, sim, targets, mask, kind=s.soft_margin, margin_of="positive" if matrix else s.margin_of
     )
     if ctx.update == 0:
         per_pair = coteaching.unless_undivided(s, per_pair, sim, peer_rows, mask)
     if matrix:  # the logs score each pair's own entry (Eq. 6's target and margin)
-        targets, margins = jnp.diagonal(targets), jnp.diagonal(margins)
+        targets = jnp.diagonal(targets)
+        margins = jnp.diagonal(margins) if margins.ndim == 2 else margins
     aux = base.Aux(
         metrics={f"target_{name}": targets, f"loss_{name}": per_pair},
         clean_estimates={name: targets},

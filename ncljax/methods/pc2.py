@@ -432,8 +432,9 @@ def clean_loss(s: Settings, sim, mask, p, pse, peer_rows) -> tuple[jax.Array, ba
         strict=False,
         osc_clean=osc_clean,
     )
-    margins = losses.soft_margin(targets, s.margin, kind="exponential")
-    hinge = losses.triplet_hardest(sim, margins, where=mask, margin_of=clean_margin_of(s))
+    hinge, margins = coteaching.rectified_loss(
+        s, sim, targets, mask, kind="exponential", margin_of=clean_margin_of(s)
+    )
     hinge = coteaching.unless_undivided(s, hinge, sim, peer_rows, mask)
     aux = base.Aux(
         metrics={
@@ -479,9 +480,14 @@ def pseudo_caption_loss(s: Settings, outputs, batch, ctx) -> tuple[jax.Array, ba
     margins = pc2_labels.noisy_margin(
         cosine, margin=s.margin, cutoff=cutoff, detach=s.detach_noisy_margin
     )
-    hinge = losses.triplet_hardest(
-        outputs["sim"], margins, where=mask, margin_of=noisy_margin_of(s)
-    )
+    if s.ranking == "contrastive":  # the margin's share of alpha weighs the pseudo pair
+        hinge, _ = coteaching.rectified_loss(
+            s, outputs["sim"], margins / s.margin, mask, kind="linear", margin_of="positive"
+        )
+    else:
+        hinge = losses.triplet_hardest(
+            outputs["sim"], margins, where=mask, margin_of=noisy_margin_of(s)
+        )
     aux = base.Aux(
         metrics={
             "loss_noisy": hinge,

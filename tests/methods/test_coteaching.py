@@ -5,6 +5,7 @@ import dataclasses
 import inspect
 import logging
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -111,3 +112,60 @@ def test_co_divide_splits_and_falls_back(caplog):
     assert "keeping its previous division" in caplog.text
     np.testing.assert_array_equal(kept["clean"], new["clean"])
     np.testing.assert_allclose(kept["loss_raw"], 0.3)
+
+
+def _info_nce_oracle(sim, t):
+    """Per pair: the mean of -log softmax over the row and over the column at the pair."""
+    b = sim.shape[0]
+    out = np.zeros(b)
+    for i in range(b):
+        row = np.exp(sim[i] / t)
+        col = np.exp(sim[:, i] / t)
+        out[i] = 0.5 * (-np.log(row[i] / row.sum()) - np.log(col[i] / col.sum()))
+    return out
+
+
+def test_contrastive_ranking_weighs_each_pairs_infonce_by_its_target():
+    rng = np.random.default_rng(0)
+    sim = rng.uniform(-1, 1, (6, 6)).astype(np.float32)
+    y = rng.uniform(0, 1, 6).astype(np.float32)
+    mask = jnp.ones(6, bool)
+    s = ncr.Settings(ranking="contrastive", temperature=0.1)
+    loss, weights = coteaching.rectified_loss(
+        s, jnp.asarray(sim), jnp.asarray(y), mask, kind="exponential", margin_of="positive"
+    )
+    want = y * _info_nce_oracle(sim.astype(np.float64), 0.1)
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    np.testing.assert_allclose(weights, y)
+    # A B x B target (NCR's broadcast labels) weighs each pair by its own entry.
+    matrix = np.tile(y[None, :], (6, 1)) * 0.5 + np.diag(y) * 0.5
+    loss2, _ = coteaching.rectified_loss(
+        s, jnp.asarray(sim), jnp.asarray(matrix), mask, kind="exponential", margin_of="positive"
+    )
+    np.testing.assert_allclose(loss2, want, rtol=1e-5)
+    # The targets carry no gradient; the warm-up and the co-divide read the unweighted loss.
+    grad = jax.grad(
+        lambda t: coteaching.rectified_loss(
+            s, jnp.asarray(sim), t, mask, kind="exponential", margin_of="positive"
+        )[0].sum()
+    )(jnp.asarray(y))
+    np.testing.assert_array_equal(grad, 0.0)
+    np.testing.assert_allclose(
+        coteaching.warmup_loss(s, jnp.asarray(sim), mask),
+        _info_nce_oracle(sim.astype(np.float64), 0.1),
+        rtol=1e-5,
+    )
+
+
+def test_hinge_ranking_is_the_hardest_negative_hinge_with_soft_margins():
+    """The papers' default: margins alpha * (10^y - 1) / 9 (hand-worked on a 2 x 2 batch)."""
+    sim = jnp.asarray([[0.5, 0.4], [0.1, 0.9]])
+    y = jnp.asarray([1.0, 0.0])
+    s = ncr.Settings()
+    loss, margins = coteaching.rectified_loss(
+        s, sim, y, jnp.ones(2, bool), kind="exponential", margin_of="positive"
+    )
+    np.testing.assert_allclose(margins, [0.2, 0.0], atol=1e-7)
+    # pair 0: [0.2 - 0.5 + 0.4]_+ (i2t) + [0.2 - 0.5 + 0.1]_+ (t2i) = 0.1; pair 1: margin 0,
+    # [0 - 0.9 + 0.1]_+ + [0 - 0.9 + 0.4]_+ = 0.
+    np.testing.assert_allclose(loss, [0.1, 0.0], atol=1e-6)
