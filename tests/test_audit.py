@@ -130,6 +130,8 @@ def test_the_record_names_the_final_checkpoint(runs):
     with open(os.path.join(workdir, "audit", "audit.json")) as f:
         record = json.load(f)
     last_val = [m for m in read_metrics(workdir) if m["split"] == "val"][-1]
+    # NCR's belief was measured weak on a real folder: the record says so and what to use.
+    assert any("NCR's belief was weak" in n and "gsc.py:vectors" in n for n in record["notes"])
     assert record["checkpoint"] == {
         "step": last_val["step"],
         "epochs_completed": 3,
@@ -181,7 +183,8 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_note(runs, tmp_path):
     _truncate(latest / str(steps[-1]) / "meta" / "metadata")
     scores = audit.pair_scores(str(workdir))
     assert scores.checkpoint["step"] == steps[0]
-    assert len(scores.notes) == 1 and f"step {steps[-1]} cannot be read" in scores.notes[0]
+    assert f"step {steps[-1]} cannot be read" in scores.notes[0]
+    assert len(scores.notes) == 2 and "configs/gsc.py:vectors" in scores.notes[1]  # NCR's caveat
     assert sorted(int(s) for s in os.listdir(latest)) == steps  # read only: nothing moved
 
 
