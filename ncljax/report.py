@@ -627,6 +627,7 @@ def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
                 "audit_auc": _finite(audit.get("auc")),
                 "best_epoch": best_epoch,
                 "best_in_warmup": _best_in_warmup(workdir, best_epoch),
+                "fallback_share": _finite(results.get("fallback_share")),
                 "wall_s": _finite(record.get("wall_s")),
             }
         )
@@ -673,6 +674,8 @@ def summarise(finished: Sequence[dict], family: str) -> list[dict]:
         audit_mean, audit_std, audit_n = _stats([r.get("audit_auc") for r in runs])
         epoch_mean, epoch_std, _ = _stats([r["best_epoch"] for r in runs])
         wall_mean, _, _ = _stats([r["wall_s"] for r in runs])
+        shares = [r.get("fallback_share") for r in runs]
+        fallback_max = max((v for v in shares if v is not None), default=math.nan)
         rows.append(
             dict(
                 world=key[0],
@@ -690,6 +693,7 @@ def summarise(finished: Sequence[dict], family: str) -> list[dict]:
                 best_epoch_mean=epoch_mean,
                 best_epoch_std=epoch_std,
                 best_in_warmup_n=sum(bool(r.get("best_in_warmup")) for r in runs),
+                fallback_share_max=fallback_max,
                 wall_s_mean=wall_mean,
                 seeds=sorted(r["seed"] for r in runs),
             )
@@ -757,6 +761,7 @@ def write_csv(rows: Sequence[dict], family: str, path: str) -> None:
         ("best_epoch_mean", "best_epoch_mean"),
         ("best_epoch_std", "best_epoch_std"),
         ("best_in_warmup_n", "best_in_warmup_n"),
+        ("fallback_share_max", "fallback_share_max"),
         ("wall_s_mean", "wall_s_mean"),
     ]
     with open(path, "w", newline="") as f:
@@ -837,8 +842,8 @@ def markdown(
         "## Results",
         "",
         f"| world | method | rate | n | {f.label} | noise AUC | audit AUC | best epoch | "
-        "best in warm-up | wall s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "best in warm-up | fallback | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -846,12 +851,14 @@ def markdown(
             f"{_pm(r['mean'], r['std'], f.digits)} | {_pm(r['auc_mean'], r['auc_std'], 3)} | "
             f"{_pm(r['audit_auc_mean'], r['audit_auc_std'], 3)} | "
             f"{_pm(r['best_epoch_mean'], r['best_epoch_std'], 1)} | "
-            f"{r['best_in_warmup_n']}/{r['n']} | {_pm(r['wall_s_mean'], math.nan, 0)} |"
+            f"{r['best_in_warmup_n']}/{r['n']} | {_pm(r['fallback_share_max'], math.nan, 2)} | "
+            f"{_pm(r['wall_s_mean'], math.nan, 0)} |"
         )
     lines += [
         "",
         "*best in warm-up*: the seeds whose best-validation epoch is a warm-up epoch of the "
-        "method (`method_kwargs.warmup_epochs`; NCR, PC2 and UGNCL never select one).",
+        "method (`method_kwargs.warmup_epochs`); *fallback*: the largest `fallback_share` "
+        "of the seeds (the share of main-phase steps that trained a fallback objective).",
     ]
     clean, noisy = _name(f.baseline_clean), _name(f.baseline_noisy)
     rule = f"{noisy}" if clean == noisy else f"{noisy} at rates above 0, {clean} at rate 0"
