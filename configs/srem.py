@@ -65,7 +65,10 @@ SYNTHETIC = dict(calibration="warmup")
 # division collapsed (208.3: the energies drifted above it and 89-100% of each main epoch's
 # batches fell back); re-measured with the energy-bounded loss on, its margins follow the
 # energies and push them up without bound (170.0, the warm-up's model); without it 255.3,
-# and with F = (cos - 0.5) / 0.05 281.7.
+# and with F = (cos - 0.5) / 0.05 281.7. A batch the epoch's division does not divide is
+# divided by its own energies before any fallback (srem.batch_division): 10-17% of the main
+# phase's steps fell back without it (the energies outran the epoch's division in the first
+# main epochs), none with it.
 VECTORS = dict(lambda1=0.0, cosine_temperature=0.05)
 
 

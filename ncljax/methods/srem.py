@@ -137,10 +137,14 @@ class Settings(NamedTuple):
     ``(0, 1)``), and the temperature 0.1 is InfoNCE's, the scale at which the softmax,
     entropy (Eq. 4) and complementary probabilities (Eq. 13) are read.
 
-    **Fallback** (both calibrations): a main-phase batch whose clean split in a direction
-    holds no real pair, or every one, divides nothing (its hinge would train no pair, or
-    every noisy one, and its energy loss would push every energy one way): that direction
-    trains its warm-up objective (complementary learning over every negative) instead,
+    **Fallback**: a main-phase batch whose clean split in a direction holds no real pair,
+    or every one, divides nothing (its hinge would train no pair, or every noisy one, and
+    its energy loss would push every energy one way). With ``calibration='data'`` that
+    direction is first divided by the Otsu split of the batch's own energies
+    (:func:`batch_division`: the energies can outrun a division measured on the previous
+    epoch); a direction that still divides nothing, and every such direction under
+    ``'warmup'`` and ``'paper'``, trains its warm-up objective (complementary learning
+    over every negative) instead,
     ``division_fallback`` in the step metrics. The refresh says so once per epoch with a
     warning ("fallback"), as it does when an epoch's energies hold fewer than two distinct
     values (the previous calibration is kept); the refresh diagnostic
@@ -325,6 +329,8 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
     paper = paper_division(s)
     division = outputs.get("energy_calibration", paper) if calibrated(s) else paper
     f = logits(s, outputs)
+    if s.calibration == "data" and not warmup:
+        division = batch_division(s, f, division, batch["mask"])
     per_pair, views = objective(s, f, warmup=warmup, division=division, where=batch["mask"])
     i2t, t2i = views["i2t"], views["t2i"]
     partner = jax.lax.stop_gradient(jnp.diagonal(f))  # log p_ii = F_ii - logsumexp_j F_ij
@@ -365,6 +371,36 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
         loss_weight=loss_weight,
     )
     return per_pair, aux
+
+
+def batch_division(s: Settings, f, division, mask):
+    """The epoch's division, re-measured on the batch's own energies in each direction
+    whose split under it would be degenerate (no pair or every pair selected).
+
+    The epoch's division is measured on the previous epoch's energies; the energies can
+    move faster than that within an epoch (on real folders they rose by 4 in the first main
+    epoch, past the threshold, and 10-17% of the main phase's steps fell back). A batch
+    that the epoch's threshold does not divide is divided by the Otsu split of its own
+    energies (``ncljax.labels.srem.calibrate_energy``) before any fallback; only a batch
+    that divides nothing under that too trains the warm-up objective.
+
+    Args:
+      s: the settings (``clean_set``).
+      f: ``[B, B]`` logits ``F`` (image-to-text rows).
+      division: ``[2, 3]`` the epoch's division.
+      mask: bool ``[B]``, the real pairs.
+    """
+    f = jax.lax.stop_gradient(f)
+    views = (f, f.T)
+    clean = [selection.clean_mask(v, division[i, 0], where=mask) for i, v in enumerate(views)]
+    clean = selection.combine_clean_masks(*clean, s.clean_set)
+    rows = []
+    for i, view in enumerate(views):
+        fit = selection.calibrate_energy(selection.energy(view, where=mask), where=mask)
+        own = jnp.stack([fit.threshold, fit.m_clean, fit.m_noisy])
+        stale = selection.degenerate_division(clean[i], where=mask) & ~fit.degenerate
+        rows.append(jnp.where(stale, own, division[i]))
+    return jnp.stack(rows).astype(division.dtype)
 
 
 def calibrate(s: Settings, memory: base.Memory, epoch: int):

@@ -12,6 +12,7 @@ import pytest
 
 from ncljax import losses
 from ncljax.methods import base, srem
+from tests.labels.test_srem_calibration import _otsu_oracle
 
 
 def _ctx(phase, epoch=3):
@@ -95,7 +96,8 @@ def test_warmup_loss_against_numpy_and_its_memory_rows():
 
 
 def test_main_loss_reads_the_division_in_use():
-    """Calibrated, the division comes from the forward's ``energy_calibration``; with
+    """Calibrated, the division comes from the forward's ``energy_calibration`` (as given
+    with ``'warmup'``; ``'data'`` re-measures a degenerate one, see the next test); with
     ``calibration='paper'`` from the settings (Eq. 2 at ``tau``), whatever the outputs carry."""
     logits = jnp.asarray(_logits(seed=1))
     mask = jnp.ones(6, bool)
@@ -106,7 +108,7 @@ def test_main_loss_reads_the_division_in_use():
     @jax.jit
     def both(outputs):  # one program: the method's losses and the library's
         ctx, batch = _ctx(base.MAIN), {"mask": mask}
-        calibrated = srem.loss(srem.Settings(), outputs, batch, {}, {}, ctx)
+        calibrated = srem.loss(srem.Settings(calibration="warmup"), outputs, batch, {}, {}, ctx)
         given = srem.loss(paper, outputs, batch, {}, {}, ctx)[1]
         thresholds = dict(threshold=division[:, 0], m_clean=division[:, 1], m_noisy=division[:, 2])
         want = losses.srem_loss(logits, **thresholds, fallback=True, where=mask)
@@ -206,3 +208,28 @@ def test_bind_binds_the_settings():
     assert method.settings is s and method.name == "srem"
     assert method.plan_fn(3) == srem.plan(s, 3)
     assert method.forward_fn.func is srem.forward and method.forward_fn.args == (s,)
+
+
+def test_a_batch_the_epochs_division_does_not_divide_is_divided_by_its_own_energies():
+    """``calibration='data'``: a direction whose split under the epoch's threshold selects
+    no pair (or every pair) takes the Otsu split of the batch's own energies (the oracle of
+    ``tests.labels.test_srem_calibration``); a direction it divides keeps it."""
+    logits = jnp.asarray(_logits(seed=3, b=16))
+    mask = jnp.ones(16, bool)
+    f = np.asarray(logits, np.float64)
+    energies = {"i2t": -np.log(np.exp(f).sum(1)), "t2i": -np.log(np.exp(f.T).sum(1))}
+    s = srem.Settings()
+    # i2t: a threshold below every energy (selects nothing); t2i: the Otsu cut, which divides.
+    t2i = _otsu_oracle(energies["t2i"])[:3]
+    epoch = jnp.asarray([[energies["i2t"].min() - 1.0, -9.0, -8.0], t2i], jnp.float32)
+    got = np.asarray(srem.batch_division(s, logits, epoch, mask))
+    np.testing.assert_allclose(got[0], _otsu_oracle(energies["i2t"])[:3], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[1], np.asarray(epoch[1]), rtol=1e-6)
+    # The step trains the re-measured division: no fallback in either direction.
+    outputs = {"logit": logits, "energy_calibration": epoch}
+    _, aux = srem.loss(s, outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    assert float(np.asarray(aux.metrics["division_fallback"]).max()) == 0.0
+    _, frozen = srem.loss(
+        srem.Settings(calibration="warmup"), outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN)
+    )
+    assert float(np.asarray(frozen.metrics["division_fallback"]).max()) == 1.0
