@@ -9,7 +9,8 @@ vector (one caption per image), and the pair matches when both halves come from 
 sample. The vectors are written as a user's vectors would come (float32; the pixels raw,
 the tabular features standardised, see below), and the methods train on them through the
 user's path, ``python train.py --config=configs/<method>.py:vectors
---config.data.folder=<folder>`` with nothing re-tuned (``python -m ncljax.report --worlds=digits,...`` does this).
+--config.data.folder=<folder>`` with nothing re-tuned (``python -m ncljax.report
+--worlds=digits,...`` does this).
 
 =========  ============  =====  ===========  =======  ===================
 world      package       N      D img / txt  classes  train / val / test
@@ -32,8 +33,8 @@ Pixels stay as stored (digits 0-16, MNIST 0-255); the cancer features, of mixed 
 (areas in the thousands beside smoothness near 0.1), are standardised per feature over the
 569 samples, as tabular features are prepared for a network (raw, InfoNCE's test rSum at
 40% mismatched is 157 against 417, and every method suffers alike). The splits are a
-permutation of the dataset's rows by ``np.random.default_rng(SPLIT_SEED)``, the same in every run and
-independent of the noise seed; every row is in exactly one split. ``{split}_labels.npy``
+permutation of the dataset's rows by ``np.random.default_rng(SPLIT_SEED)``, the same in
+every run and independent of the noise seed; every row is in exactly one split. ``{split}_labels.npy``
 holds the class (the digit; malignant 0 / benign 1), ``{split}_image_ids.txt`` the
 sample's row in the source (``digits/1234``); no caption text is written.
 
