@@ -35,8 +35,9 @@ Pixels stay as stored (digits 0-16, MNIST 0-255); the cancer features, of mixed 
 40% mismatched is 157 against 417, and every method suffers alike). The splits are a
 permutation of the dataset's rows by ``np.random.default_rng(SPLIT_SEED)``, the same in
 every run and independent of the noise seed; every row is in exactly one split.
-``{split}_labels.npy`` holds the class (the digit; malignant 0 / benign 1), ``{split}_image_ids.txt`` the
-sample's row in the source (``digits/1234``); no caption text is written.
+``{split}_labels.npy`` holds the class (the digit; malignant 0 / benign 1),
+``{split}_image_ids.txt`` the sample's row in the source (``digits/1234``); no caption
+text is written.
 
 The training split lies at ``rate``: ``vectors.mismatch_texts`` (NCR's per-caption
 protocol, exact) moves ``floor(rate * num_train)`` caption rows among themselves, so no
