@@ -226,9 +226,11 @@ class EpochPlan(NamedTuple):
       reset_optimizer: re-initialise every network's optimiser state before the epoch.
       lr_epoch: the epoch the learning-rate schedule reads (``None``: this epoch), e.g.
         epochs counted from the end of a warm-up.
-      selectable: the epoch may be selected as best on validation (warm-up: no).
+      selectable: the epoch may be selected as best on validation (warm-up: no); the
+        config's ``train.select_every_epoch`` (the vectors presets) makes every epoch
+        selectable.
       restart_best: forget the best validation score before this epoch is scored, so
-        only this and later epochs can win.
+        only this and later epochs can win (ignored under ``train.select_every_epoch``).
       min_batch: a pass ends at the first step whose main batch, or non-empty auxiliary
         stream's batch, has fewer real pairs than this (2 for BatchNorm).
       drop_remainder: every batch is full: the last partial batch of the main stream (and
