@@ -93,16 +93,29 @@ def _assert_matrix_order(ranking, values):
 
 
 def _check_rankings(run, sim):
-    """Every image's and caption's ranking is the order of its row or column; on one
-    device that is the numpy argsort exactly (no near-ties swap here)."""
+    """Every image's and caption's ranking is the order of its row or column: the numpy
+    argsort of it, except that two similarities the evaluator counts as tied (within its
+    tolerance, ``evaluate.TIE_ATOL``/``TIE_RTOL``) may come in either order (one pair did,
+    under jax 0.10.2 on the 2-core machine: 0.6% of one row)."""
+
+    def same_order(index, values):
+        exact = np.argsort(-values, kind="stable")
+        swapped = index != exact
+        np.testing.assert_allclose(
+            values[index[swapped]],
+            values[exact[swapped]],
+            rtol=evaluate.TIE_RTOL,
+            atol=evaluate.TIE_ATOL,
+        )
+
     for i in range(run.num_images):
         ranking = retrieve.rank_captions(run, i)
         _assert_matrix_order(ranking, sim[i])
-        np.testing.assert_array_equal(ranking.index, np.argsort(-sim[i], kind="stable"))
+        same_order(ranking.index, sim[i])
     for k in range(run.num_captions):
         ranking = retrieve.rank_images(run, k)
         _assert_matrix_order(ranking, sim[:, k])
-        np.testing.assert_array_equal(ranking.index, np.argsort(-sim[:, k], kind="stable"))
+        same_order(ranking.index, sim[:, k])
 
 
 @pytest.mark.parametrize("name", ["vse", "gsc"])

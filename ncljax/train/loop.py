@@ -267,7 +267,8 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     test[f"val_{selection}"] = best_meta["best_value"]
     test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
     main = [e for e in range(num_epochs) if method.plan_fn(e).phase != WARMUP]
-    test["fallback_share"] = fallback_share(writer.rows(), main)
+    if main:  # a method without a main phase (the baselines) trains no fallback
+        test["fallback_share"] = fallback_share(writer.rows(), main)
     writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         try:
