@@ -530,7 +530,9 @@ def partner_score(memory: base.Memory) -> jax.Array:
     sits as confidently among its class's captions as a matched one, and ranking pairs by
     ``sigmoid(tau - E)`` (``energy_score``) found the mismatched pairs at chance (AUC 0.54
     on 40%-mismatched digits halves, where this score gives 0.69-0.95 across the real and
-    synthetic folders measured).
+    synthetic folders measured). The logs' ``noise_precision`` and ``noise_recall`` cut it
+    at 1/2: the pairs whose partner holds more than half of both its rows' probability
+    (few early in training; null where none does).
     """
     s = memory.samples
     return jnp.exp(0.5 * (s["partner_i2t"] + s["partner_t2i"]))
