@@ -480,9 +480,10 @@ def pseudo_caption_loss(s: Settings, outputs, batch, ctx) -> tuple[jax.Array, ba
     margins = pc2_labels.noisy_margin(
         cosine, margin=s.margin, cutoff=cutoff, detach=s.detach_noisy_margin
     )
-    if s.ranking == "contrastive":  # the margin's share of alpha weighs the pseudo pair
+    if s.ranking == "contrastive":  # Eq. 5's share of alpha (its margin at alpha = 1)
+        share = pc2_labels.noisy_margin(cosine, margin=1.0, cutoff=cutoff, detach=True)
         hinge, _ = coteaching.rectified_loss(
-            s, outputs["sim"], margins / s.margin, mask, kind="linear", margin_of="positive"
+            s, outputs["sim"], share, mask, kind="linear", margin_of="positive"
         )
     else:
         hinge = losses.triplet_hardest(
