@@ -67,6 +67,10 @@ class Settings(coteaching.Settings):
         ``'linear'`` (``alpha y``) or ``'sin'`` (in the official code, not in the paper).
       noisy_start_epoch: first co-training epoch (counted from the end of the warm-up)
         with the second update on the noisy batch; the official ``num_epochs // 2``.
+        ``None``: no noisy update at all, the network trains on its peer's clean set
+        only (``configs/ncr.py:vectors``: on real folders the noisy batch's
+        co-rectified targets follow the network's own predictions, which learn the
+        mismatched pairs; see that file for the measurements).
       margin_of: whose soft margin a hinge term uses: ``'positive'`` (its own pair's, the
         paper's Eq. 5) or ``'image'`` (the official code: the t2i term of caption ``b``
         against image ``i`` uses image ``i``'s margin).
@@ -94,7 +98,7 @@ class Settings(coteaching.Settings):
     """
 
     soft_margin: str = "exponential"
-    noisy_start_epoch: int = 20
+    noisy_start_epoch: int | None = 20
     margin_of: str = "positive"
     target_prediction: str = "pair"
     num_networks: int = 2
@@ -103,7 +107,7 @@ class Settings(coteaching.Settings):
 CHECKS = {
     **coteaching.CHECKS,
     "soft_margin": settings.one_of(*_MARGINS),
-    "noisy_start_epoch": settings.NON_NEGATIVE_INT,
+    "noisy_start_epoch": settings.optional(settings.NON_NEGATIVE_INT, "no noisy update"),
     "margin_of": settings.one_of("positive", "image"),
     "target_prediction": settings.noted(
         settings.one_of(*TARGET_PREDICTIONS),
@@ -121,8 +125,9 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
 
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """Warm-up epochs, then co-training; the noisy update from co-training epoch
-    ``noisy_start_epoch`` on (phase ``CLEAN_NOISY``)."""
-    return coteaching.plan(s, epoch, second=epoch - s.warmup_epochs >= s.noisy_start_epoch)
+    ``noisy_start_epoch`` on (phase ``CLEAN_NOISY``; never where it is ``None``)."""
+    start = s.noisy_start_epoch
+    return coteaching.plan(s, epoch, second=start is not None and epoch - s.warmup_epochs >= start)
 
 
 def streams(s: Settings, memory, plan: base.EpochPlan, network: int) -> base.Streams:

@@ -35,6 +35,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -225,8 +226,14 @@ def factory(
         s = settings_type(**values)
         return bind(s, model_config=model_config) if takes_model else bind(s)
 
+    hints = typing.get_type_hints(settings_type)  # a config reads a None field's type here
     params = [
-        inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default)
+        inspect.Parameter(
+            field,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=default,
+            annotation=hints.get(field, inspect.Parameter.empty),
+        )
         for field, default in defaults.items()
     ]
     if takes_model:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import typing
 from collections.abc import Collection, Sequence
 
 import ml_collections
@@ -228,4 +229,18 @@ def method_kwargs(name: str, **overrides) -> ml_collections.ConfigDict:
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:
         raise ValueError(f"Method {name!r} does not take {unknown}; it takes {sorted(defaults)}.")
-    return ml_collections.ConfigDict({**defaults, **overrides})
+    params = methods.hyperparameters(name)
+    values = {**defaults, **overrides}
+    return ml_collections.ConfigDict(
+        {k: _typed_none(params[k].annotation) if v is None else v for k, v in values.items()}
+    )
+
+
+def _typed_none(annotation):
+    """``None`` for a setting annotated ``T | None`` (``T`` a number, string or bool), as a
+    placeholder of type ``T``: ``--config.method_kwargs.<name>=...`` can then set it (a
+    plain ``None`` field takes no command-line value)."""
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(kinds) == 1 and kinds[0] in (int, float, str, bool):
+        return ml_collections.config_dict.placeholder(kinds[0])
+    return None

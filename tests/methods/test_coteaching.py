@@ -40,6 +40,8 @@ def test_plan_is_the_table_and_the_phase_says_the_updates():
         assert (p.phase, p.updates, p.lr_epoch, p.selectable, p.refresh) == want, epoch
         assert p.in_turn and p.min_batch == 2 and not p.reset_optimizer
         assert p.updates == coteaching.updates_of(p.phase)
+    never = ncr.Settings(warmup_epochs=2, noisy_start_epoch=None)  # configs/ncr.py:vectors
+    assert [ncr.plan(never, e).updates for e in range(2, 40)] == [(0,)] * 38
     pc2_like = coteaching.plan(s, 2, second=False, reset_at_start=True, restart_best=True)
     assert pc2_like.reset_optimizer and pc2_like.restart_best
     assert not coteaching.plan(s, 3, second=False, reset_at_start=True).reset_optimizer

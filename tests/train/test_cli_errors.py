@@ -162,3 +162,17 @@ def test_ensemble_prints_only_its_results(finished):
         alone = json.load(f)
     pooled = json.loads(out.stdout)
     assert pooled == pytest.approx({k: alone[k] for k in pooled}, abs=1e-9)
+
+
+def test_a_setting_whose_default_is_none_takes_a_command_line_value(tmp_path):
+    # configs/ncr.py:vectors sets noisy_start_epoch=None; ml_collections takes no value for
+    # a plain None field, so the config keeps it as a placeholder of the setting's type.
+    code, stderr = _train_py(
+        "--config=configs/ncr.py:vectors",
+        f"--config.data.folder={tmp_path / 'absent'}",
+        "--config.method_kwargs.noisy_start_epoch=3",
+        f"--workdir={tmp_path / 'run'}",
+    )
+    assert code != 0
+    line = _one_line(stderr)  # parsed; the missing folder is what stops it
+    assert "not supported for overriding" not in line and "absent" in line, line

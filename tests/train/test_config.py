@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import typing
 
 import pytest
 
@@ -160,3 +161,26 @@ def test_train_py_switches_the_dataset_by_name(tmp_path):
     assert out.returncode != 0 and "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert "--config=configs/ce.py:wiki" in last and "configs/gsc.py:wiki" not in last
+
+
+def test_a_none_setting_keeps_its_type_for_overrides():
+    # Every method's setting annotated `T | None` is a typed placeholder when None, so
+    # --config.method_kwargs.<name>=value can set it; other fields are unchanged.
+    from ncljax import methods
+    from ncljax.train import config as config_lib
+
+    seen = 0
+    for name in methods.REGISTRY:
+        params = methods.hyperparameters(name)
+        nones = {k: None for k, p in params.items() if type(None) in typing.get_args(p.annotation)}
+        kwargs = config_lib.method_kwargs(name, **nones)
+        for k in nones:
+            assert kwargs[k] is None
+            kind = kwargs.get_ref(k).get_type()
+            assert kind in (int, float, str, bool), (name, k, kind)
+            setattr(kwargs, k, kind(1))  # the type ml_collections checks an override against
+            assert kwargs[k] == 1
+            seen += 1
+        defaults = {k: p.default for k, p in params.items() if k not in nones}
+        assert {k: kwargs[k] for k in defaults} == defaults
+    assert seen >= 2  # ncr's noisy_start_epoch, ugncl's max_log_evidence at least
