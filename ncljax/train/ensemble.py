@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import jax
 import ml_collections
+import numpy as np
 import optax
 
 from ncljax import methods, models
@@ -76,7 +77,7 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
             config.model, dataset.info, rngs, heads_fn=method.heads_fn
         ),
         tx=optax.identity(),  # only the model is restored
-        memory=method.init_memory(InitContext(1, dataset.info, None, None)),
+        memory=method.init_memory(InitContext(1, dataset.info, *[np.zeros(1, np.int64)] * 2)),
         num_networks=method.num_networks,
         seed=config.seed,
     )

@@ -1,6 +1,7 @@
 """SGRAF-style ensembles of finished runs: the mean of their similarity matrices."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -68,3 +69,19 @@ def test_ensemble_refuses_runs_on_different_data(tmp_path):
         (tmp_path / name / "config.json").write_text(config.to_json_best_effort())
     with pytest.raises(ValueError, match="differ in config section 'data'"):
         ensemble.evaluate_ensemble([str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_a_uot_rcl_run_loads_for_retrieval_and_ensembles(tmp_path):
+    # load_run builds a one-pair memory: UOT-RCL's reads observed labels (it raised
+    # TypeError on None), so no UOT-RCL run could be retrieved or ensembled.
+    config = test_loop.load_config("uot_rcl", "synthetic,quick")
+    config.train.num_devices, config.train.progress_bar = 1, False
+    workdir = str(tmp_path / "uot")
+    train_and_evaluate(config, workdir)
+    mesh = mesh_lib.make_mesh(1)
+    with jax.set_mesh(mesh):
+        ensemble.load_run(workdir, mesh)
+    with open(os.path.join(workdir, "results.json")) as f:
+        results = json.load(f)
+    scores = ensemble.evaluate_ensemble([workdir])  # one run: the run's own test scores
+    assert scores["map_avg"] == pytest.approx(results["map_avg"], abs=1e-6)
