@@ -54,7 +54,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ncljax import methods, models
-from ncljax.data import noise, pipeline, sources
+from ncljax.data import fingerprint, noise, pipeline, sources
 from ncljax.train import checkpoint, ensemble, rundir
 from ncljax.train import state as state_lib
 
@@ -390,6 +390,7 @@ def pair_scores(workdir: str) -> PairScores:
             "so there is no verdict to export (audit a run of ncr, gsc, srem, ugncl, pc2 or "
             "uot_rcl)."
         )
+    fingerprint.check_unchanged(config, workdir, "audit")
     dataset = sources.load_dataset(config.data)
     split = dataset.split("train")
     pairs = _training_pairs(config, dataset, workdir)

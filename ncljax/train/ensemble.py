@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from ncljax import methods, models
-from ncljax.data import sources
+from ncljax.data import fingerprint, sources
 from ncljax.methods import InitContext
 from ncljax.train import checkpoint, rundir
 from ncljax.train import evaluator as evaluator_lib
@@ -54,6 +54,13 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     missing = [k for k in needed if k not in resolved] if isinstance(resolved, dict) else needed
     if missing:
         raise ValueError(f"{path} is not the config of an ncljax run (it lacks {list(missing)}).")
+    folder = resolved["data"].get("folder") if isinstance(resolved["data"], dict) else None
+    if folder and not os.path.isabs(folder) and not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"{path} names data.folder {folder!r} relative to the directory its train.py ran "
+            f"in, and {os.path.abspath(folder)} is not a folder: run this from that "
+            "directory, or set data.folder in config.json to the folder's absolute path."
+        )
     return ml_collections.ConfigDict(resolved)
 
 
@@ -70,6 +77,7 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
             f"{workdir} has not finished training (no results.json); run its train.py "
             "command again to finish it, then ensemble it."
         )
+    fingerprint.check_unchanged(config, workdir, "retrieval or ensemble")
     dataset = sources.load_dataset(config.data)
     method = methods.build_method(config.method, config.method_kwargs, config.model)
     graphdef, state = state_lib.create(

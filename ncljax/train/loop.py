@@ -27,7 +27,7 @@ import numpy as np
 import tqdm
 
 from ncljax import backend, methods, models
-from ncljax.data import pipeline, sources
+from ncljax.data import fingerprint, pipeline, sources
 from ncljax.methods.base import WARMUP, InitContext
 from ncljax.train import checkpoint, optim, passes, rundir, validation, writers
 from ncljax.train import evaluator as evaluator_lib
@@ -45,6 +45,24 @@ from ncljax.train.refresh import Refresher
 
 Callback = Callable[[int, dict], None]
 RESUMABLE = rundir.RESUMABLE
+
+
+def _absolute_folder(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` with a vectors folder's ``data.folder`` expanded (``~``: the shell leaves
+    it in ``--config.data.folder=~/...``) and made absolute, so that ``config.json`` names
+    the folder from any directory (the audit and retrieval read it); a copy."""
+    folder = config.data.get("folder")
+    if not folder:
+        return config
+    config = config.copy_and_resolve_references()
+    config.data.folder = os.path.abspath(os.path.expanduser(folder))
+    return config
+
+
+def _fingerprint(data_config) -> dict:
+    """The ``config.json`` entry of the data's fingerprint (none for a prepared dataset)."""
+    digests = fingerprint.data_fingerprint(data_config)
+    return {} if digests is None else {fingerprint.KEY: digests}
 
 
 def train_and_evaluate(
@@ -84,6 +102,7 @@ def train_and_evaluate(
         jax.distributed.initialize()
     # Every field is checked, and everything built, before anything is written.
     validation.check(config, overridden)
+    config = _absolute_folder(config)
     dataset = sources.load_dataset(config.data)
     info = dataset.info
     validation.check(config, info=info)
@@ -130,7 +149,11 @@ def train_and_evaluate(
         rundir.write_config(
             workdir,
             config,
-            {"noise_checksum": pairs.checksum, "noise_realised_rate": pairs.realised_rate},
+            {
+                "noise_checksum": pairs.checksum,
+                "noise_realised_rate": pairs.realised_rate,
+                **_fingerprint(config.data),
+            },
         )
         checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
         stack.callback(checkpointer.close)  # also when a run stops with an error

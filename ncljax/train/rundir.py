@@ -14,8 +14,13 @@ import socket
 import jax
 from flax import traverse_util
 
+from ncljax.data import fingerprint
+
 # Fields a resumed run may change: they alter neither the shapes of the state nor the
 # data order, e.g. to lower the learning rate after a NaN stop.
+# Records a run writes that runs before them did not: their absence from a resumed run's
+# config.json is not a change of config.
+NEW_RECORDS = (fingerprint.KEY,)
 RESUMABLE = (
     "optim.learning_rate",
     "optim.schedule",
@@ -55,10 +60,24 @@ def write_config(workdir: str, config, extra: dict) -> None:
                 "in this workdir. Restore it from a copy, or use a new --workdir."
             ) from None
         current = traverse_util.flatten_dict(resolved, sep=".")
+        unrecorded = tuple(r for r in NEW_RECORDS if not any(k.startswith(r) for k in previous))
         changed = sorted(
-            k for k in previous.keys() | current.keys() if previous.get(k) != current.get(k)
+            k
+            for k in previous.keys() | current.keys()
+            if previous.get(k) != current.get(k) and not k.startswith(unrecorded)
         )
         fixed = [k for k in changed if k not in RESUMABLE]
+        data_files = [
+            fingerprint.file_name(k.split(".", 1)[1])
+            for k in fixed
+            if k.startswith(fingerprint.KEY + ".")
+        ]
+        if data_files and len(data_files) == len(fixed):
+            raise ValueError(
+                f"The files of data.folder changed since the run in {workdir} started "
+                f"({', '.join(data_files)}): resume it on the folder it trained on, or use a "
+                "new --workdir to train on this one."
+            )
         if fixed:
             raise ValueError(
                 f"{workdir} holds a run with a different config ({fixed} differ). Use a new "
