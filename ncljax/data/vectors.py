@@ -9,31 +9,37 @@ file                       content
 ``{split}_images.npy``     float16/float32 ``[num_images, D_img]``
 ``{split}_texts.npy``      float16/float32 ``[num_images * captions_per_image, D_txt]``;
                            caption ``k`` describes image ``k // captions_per_image``
-``{split}_labels.npy``     optional: int ``[num_images]`` class ids ``>= 0`` (mAP and the
+``{split}_labels.npy``     optional: int ``[num_images]`` class ids ``0 .. C-1``, ``C``
+                           at most the folder's number of images (mAP and the
                            noisy-label methods); in every split or in none
 ``{split}_captions.txt``   optional: one caption per line (UTF-8), in the rows' order
 ``{split}_image_ids.txt``  optional: one image id per line (a file name or URL)
 =========================  ==========================================================
 
 ``captions_per_image`` is inferred (text rows / image rows, the same whole number in
-every split), ``num_classes`` too (the largest label + 1). The text files are read only
-for display and export (``display_texts``); the training pairs are the folder's own, so a
-crawl's mismatched pairs are in the folder itself (``from_synthetic`` writes one).
+every split), ``num_classes`` too (the largest label + 1). The text files may end their
+lines with ``\n``, ``\r\n`` or ``\r``, and a leading UTF-8 byte-order mark is dropped;
+they are read only for display and export (``display_texts``); the training pairs are
+the folder's own, so a crawl's mismatched pairs are in the folder itself
+(``from_synthetic`` writes one).
 
 Nothing is prepared and nothing is written into the folder: ``.npy`` arrays are already
 random-access, so they are memory-mapped (``np.memmap``) and a training pair reads two
 rows. Opening the folder checks every file and refuses a malformed one with one message
-naming the file and the problem (a missing file, shape, dtype, dimensions that differ
-between splits, NaN/inf values, all-zero rows, line counts or labels that disagree with
-the arrays). The value checks read each array once in chunks of ``CHUNK_BYTES`` with plain
-file reads, so the process holds one chunk at a time and not the mapped file (measured
-in ``benchmarks/vectors_reader.py``: about a second per 2 GB from the page cache).
+naming the file and the problem (a missing or unreadable file, a pickled array: nothing
+is unpickled, a header that promises more data than the file holds, shape, dtype,
+dimensions that differ between splits, NaN/inf values, all-zero rows, line counts or
+labels that disagree with the arrays). The value checks read each array once in chunks
+of ``CHUNK_BYTES`` with plain file reads, so the process holds one chunk at a time and
+not the mapped file (measured in ``benchmarks/vectors_reader.py``: about a second per
+2 GB from the page cache).
 """
 
 from __future__ import annotations
 
 import codecs
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -101,7 +107,28 @@ def _folder(data_config) -> str:
         raise FileNotFoundError(
             f"data.folder={folder} is not a directory: pass the folder of your vectors ({LAYOUT})."
         )
+    _check_readable(folder)
     return folder
+
+
+def _check_readable(path: str) -> None:
+    """Refuses a file, or a folder, that this process may not read (its permissions):
+    the files of a folder without them would look absent.
+
+    Raises:
+      PermissionError: naming ``path``.
+    """
+    if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PermissionError(
+                f"The folder {path} cannot be read (permission denied): give the user running "
+                f"this read and search access to it (e.g. chmod a+rx {path})."
+            )
+    elif not os.access(path, os.R_OK):
+        raise PermissionError(
+            f"{path} cannot be read (permission denied): give the user running this read "
+            f"access to it (e.g. chmod a+r {path})."
+        )
 
 
 # ----------------------------------------------------------------------------- arrays
@@ -118,12 +145,20 @@ class NpyHeader:
     offset: int
 
 
-def read_header(path: str) -> NpyHeader:
+def read_header(path: str, save_as: str = "float32") -> NpyHeader:
     """The header of ``.npy`` file ``path``, without reading its data.
 
+    Args:
+      path: the file.
+      save_as: the numpy dtype that the advice to save a refused pickled array names.
+
     Raises:
-      ValueError: the file is not a ``.npy`` array, or holds less data than its header says.
+      PermissionError: the file may not be read.
+      ValueError: the file is not a ``.npy`` array, is a pickled array of Python objects
+        (nothing is unpickled), or its header is impossible: a negative dimension, or more
+        data than the file holds.
     """
+    _check_readable(path)
     with open(path, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)
@@ -138,7 +173,19 @@ def read_header(path: str) -> NpyHeader:
             raise ValueError(f"{path} is not a .npy array file: {e}.") from None
         offset = f.tell()
     header = NpyHeader(path, tuple(shape), np.dtype(dtype), fortran_order, offset)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * header.dtype.itemsize
+    if header.dtype.hasobject:
+        raise ValueError(
+            f"{path} holds a pickled array of Python objects (dtype {header.dtype}), refused "
+            "for safety: unpickling a file can run code; save a plain numeric array with "
+            f"np.save(path, np.asarray(array, np.{save_as}), allow_pickle=False)."
+        )
+    if any(d < 0 for d in header.shape):
+        raise ValueError(
+            f"{path} has a damaged header: its shape {header.shape} has a negative dimension; "
+            "write it again with np.save."
+        )
+    # Python integers: a damaged header's huge shape cannot wrap around to a small size.
+    nbytes = math.prod(header.shape) * header.dtype.itemsize
     size = os.path.getsize(path) - offset
     if size < nbytes:
         raise ValueError(
@@ -158,7 +205,12 @@ def _check_matrix(header: NpyHeader, what: str) -> None:
         )
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"{path} holds an empty array of shape {shape}; expected {what}.")
-    if header.dtype.base not in FLOAT_DTYPES or header.dtype.byteorder == ">":
+    if header.dtype.fields is not None or header.dtype.subdtype is not None:
+        raise ValueError(
+            f"{path} has the structured dtype {header.dtype}; expected a plain float16 or "
+            "float32 array (numpy.lib.recfunctions.structured_to_unstructured converts one)."
+        )
+    if header.dtype not in FLOAT_DTYPES or header.dtype.byteorder == ">":
         raise ValueError(
             f"{path} has dtype {header.dtype}; expected float16 or float32 (convert it, e.g. "
             "np.save(path, array.astype(np.float32)))."
@@ -224,50 +276,54 @@ def check_values(header: NpyHeader) -> None:
 # ----------------------------------------------------------------------------- text files
 
 
+def _breaks(data: bytes, after: bytes) -> int:
+    """Line breaks in ``data``, which follows the byte ``after``: each ``\\n``, ``\\r\\n``
+    and lone ``\\r`` counts one, so a ``\\n`` right after an ``after`` of ``\\r`` none."""
+    completes = after == b"\r" and data.startswith(b"\n")
+    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n") - completes
+
+
 def count_lines(path: str) -> int:
-    """Lines of a UTF-8 text file, read in chunks: newlines, plus one for a last line
-    without one (so ``'a\\nb'`` and ``'a\\nb\\n'`` both hold 2 lines).
+    """Lines of a UTF-8 text file, read in chunks: line breaks (``\\n``, ``\\r\\n`` or
+    ``\\r``), plus one for a last line without one (so ``'a\\nb'`` and ``'a\\nb\\n'`` both
+    hold 2 lines); a leading byte-order mark is skipped.
 
     Raises:
+      PermissionError: the file may not be read.
       ValueError: the file is not UTF-8 (naming the line).
     """
+    _check_readable(path)
     decoder = codecs.getincrementaldecoder("utf-8")()
-    lines, last = 0, b"\n"
+    lines, tail = 0, b""  # tail: the last byte read (a CRLF may span two chunks)
     with open(path, "rb") as f:
+        if f.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+            f.seek(0)
         while chunk := f.read(CHUNK_BYTES):
+            held = len(decoder.getstate()[0])  # a character's first bytes, from the last chunk
             try:
                 decoder.decode(chunk)
-            except UnicodeDecodeError:
-                raise ValueError(
-                    f"{path} is not UTF-8 (line {lines + _bad_line(chunk)}); save it as UTF-8."
-                ) from None
-            lines += chunk.count(b"\n")
-            last = chunk[-1:]
+            except UnicodeDecodeError as e:
+                line = lines + _breaks(chunk[: max(0, e.start - held)], tail) + 1
+                raise ValueError(f"{path} is not UTF-8 (line {line}); save it as UTF-8.") from None
+            lines += _breaks(chunk, tail)
+            tail = chunk[-1:]
         try:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             raise ValueError(f"{path} is not UTF-8 (its last line); save it as UTF-8.") from None
-    return lines + (last != b"\n")
-
-
-def _bad_line(chunk: bytes) -> int:
-    """1-based line, within ``chunk``, of its first byte that is not UTF-8."""
-    try:
-        chunk.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return chunk[: e.start].count(b"\n") + 1
-    return chunk.count(b"\n") + 1
+    return lines + (tail not in (b"", b"\n", b"\r"))
 
 
 def read_lines(path: str) -> list[str]:
-    """The lines of a UTF-8 text file as ``count_lines`` counts them (a ``\\r`` before a
-    newline is dropped)."""
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8")
-    lines = text.split("\n")
+    """The lines of a UTF-8 text file as ``count_lines`` counts them, without their line
+    breaks and without a leading byte-order mark."""
+    _check_readable(path)
+    # newline=None reads \r\n and \r as \n; utf-8-sig drops a leading byte-order mark.
+    with open(path, encoding="utf-8-sig", newline=None) as f:
+        lines = f.read().split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    return lines
 
 
 # ----------------------------------------------------------------------------- the folder
@@ -280,6 +336,15 @@ class _SplitFiles:
     labels: str | None  # path, when present
     captions: str | None
     image_ids: str | None
+
+
+def _read_vectors(folder: str, split: str) -> tuple[NpyHeader, NpyHeader]:
+    """The checked headers of ``split``'s image and text vectors."""
+    images = read_header(path_of(folder, split, "images"))
+    _check_matrix(images, "[num_images, D_img]")
+    texts = read_header(path_of(folder, split, "texts"))
+    _check_matrix(texts, "[num_images * captions_per_image, D_txt]")
+    return images, texts
 
 
 def _locate(folder: str, require_labels: bool) -> dict[str, _SplitFiles]:
@@ -307,10 +372,7 @@ def _locate(folder: str, require_labels: bool) -> dict[str, _SplitFiles]:
         )
     files = {}
     for split in sources.SPLITS:
-        images = read_header(path_of(folder, split, "images"))
-        _check_matrix(images, "[num_images, D_img]")
-        texts = read_header(path_of(folder, split, "texts"))
-        _check_matrix(texts, "[num_images * captions_per_image, D_txt]")
+        images, texts = _read_vectors(folder, split)
         optional = {
             kind: path if os.path.isfile(path := path_of(folder, split, kind)) else None
             for kind in ("labels", "captions", "image_ids")
@@ -364,8 +426,11 @@ def _check_lines(split_files: _SplitFiles) -> None:
             )
 
 
-def _read_labels(path: str, num_images: int) -> np.ndarray:
-    header = read_header(path)
+def _read_labels(path: str, num_images: int, max_classes: int) -> np.ndarray:
+    """The class ids of ``path``: int64 ``[num_images]``, each in ``[0, max_classes)``
+    (the folder's number of images: a larger id is a numbering to redo, not a number of
+    classes to allocate)."""
+    header = read_header(path, save_as="int64")
     if header.shape != (num_images,):
         raise ValueError(
             f"{path} holds an array of shape {header.shape}; expected ({num_images},): one "
@@ -376,13 +441,24 @@ def _read_labels(path: str, num_images: int) -> np.ndarray:
             f"{path} has dtype {header.dtype}; expected integer class ids (e.g. "
             "np.save(path, labels.astype(np.int64)))."
         )
-    labels = np.load(path, allow_pickle=False).astype(np.int64)
+    labels = np.load(path, allow_pickle=False)
     negative = np.flatnonzero(labels < 0)
     if negative.size:
         raise ValueError(
             f"{path} holds {negative.size} negative labels (first at rows {_first(negative)}); "
             "class ids are 0, 1, ..., num_classes - 1."
         )
+    # Compared unsigned (all are >= 0): a uint64 id above 2**63 stays large.
+    too_large = np.flatnonzero(labels.astype(np.uint64) >= max_classes)
+    if too_large.size:
+        raise ValueError(
+            f"{path} holds {too_large.size} class ids of {max_classes} or more (first at rows "
+            f"{_first(too_large)}; the largest is {labels.max()}), but the folder's "
+            f"{max_classes} images hold at most {max_classes} classes: number the classes "
+            "0, 1, ..., num_classes - 1, alike in every split (e.g. np.unique of all the "
+            "splits' labels with return_inverse=True)."
+        )
+    labels = labels.astype(np.int64)
     labels.flags.writeable = False
     return labels
 
@@ -462,11 +538,14 @@ class VectorsDataset:
         files = _locate(self.folder, cfg.get("require_labels", False))
         _check_dims(self.folder, files)
         cpi = _captions_per_image(self.folder, files)
+        num_images = sum(f.images.shape[0] for f in files.values())
         labels = {}
         for split, split_files in files.items():
             _check_lines(split_files)
             if split_files.labels is not None:
-                labels[split] = _read_labels(split_files.labels, split_files.images.shape[0])
+                labels[split] = _read_labels(
+                    split_files.labels, split_files.images.shape[0], num_images
+                )
         for split_files in files.values():
             check_values(split_files.images)
             check_values(split_files.texts)
@@ -513,8 +592,10 @@ def display_texts(data_config, split: str) -> tuple[list[str] | None, list[str] 
       and ``{split}_captions.txt`` (one per caption), each None when the file is absent.
 
     Raises:
-      ValueError: a line count that disagrees with the split's arrays (checked against
-        their headers; the values are not read).
+      FileNotFoundError: the folder or the split's vectors are missing.
+      PermissionError: a file or the folder may not be read.
+      ValueError: a malformed array header or text file, or a line count that disagrees
+        with the split's arrays (checked against their headers; the values are not read).
     """
     if split not in sources.SPLITS:
         raise ValueError(f"Unknown split {split!r}; a vectors folder has {list(sources.SPLITS)}.")
@@ -527,11 +608,7 @@ def display_texts(data_config, split: str) -> tuple[list[str] | None, list[str] 
         if present[kind] is None:
             raise FileNotFoundError(f"data.folder={folder} lacks {os.path.basename(files[kind])}.")
     split_files = _SplitFiles(
-        read_header(files["images"]),
-        read_header(files["texts"]),
-        None,
-        present["captions"],
-        present["image_ids"],
+        *_read_vectors(folder, split), None, present["captions"], present["image_ids"]
     )
     _check_lines(split_files)
     return tuple(

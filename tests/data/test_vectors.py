@@ -362,6 +362,151 @@ def test_display_texts_checks_the_counts_against_the_headers(tmp_path):
         vectors.display_texts(folder, "dev")
 
 
+# ----------------------------------------------------------------------------- hostile input
+
+
+def _write_npy(path, descr, shape, data=b""):
+    """A ``.npy`` file whose header says ``descr`` and ``shape``, followed by ``data``."""
+    with open(path, "wb") as f:
+        header = {"descr": descr, "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(data)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "label", "largest"),
+    [(np.int64, 10**9, "1000000000"), (np.uint64, 2**63 + 5, "9223372036854775813")],
+)
+def test_class_ids_beyond_the_number_of_images_are_refused(tmp_path, dtype, label, largest):
+    """34 images hold at most 34 classes: one id of 10**9 would make 10**9 + 1 of them, and
+    a uint64 id above 2**63 is too large, not negative."""
+    arrays = make_arrays(labels=True)
+    arrays["train"]["labels"] = arrays["train"]["labels"].astype(dtype)
+    arrays["train"]["labels"][[3, 7]] = label
+    message = _refused(tmp_path, arrays)
+    path = os.path.join(str(tmp_path), "train_labels.npy")
+    assert message.startswith(f"{path} holds 2 class ids of 34 or more (first at rows 3, 7; ")
+    assert f"the largest is {largest})" in message and "np.unique" in message
+    assert "negative" not in message
+    arrays["train"]["labels"][[3, 7]] = 33  # the largest id 34 images can number
+    assert load(write(tmp_path / "b", arrays)).info.num_classes == 34
+
+
+@pytest.mark.parametrize("kind", ["images", "labels"])
+def test_a_pickled_array_is_refused_unread(tmp_path, kind):
+    arrays = make_arrays(labels=True)
+    arrays["val"][kind] = arrays["val"][kind].astype(object)  # np.save pickles it
+    message = _refused(tmp_path, arrays)
+    path = os.path.join(str(tmp_path), f"val_{kind}.npy")
+    assert message.startswith(f"{path} holds a pickled array of Python objects"), message
+    save_as = {"images": "float32", "labels": "int64"}[kind]
+    assert f"np.asarray(array, np.{save_as}), allow_pickle=False)" in message
+
+
+@pytest.mark.parametrize("descr", [("<f4", (2,)), [("a", "<f4")]])
+def test_a_subarray_or_structured_dtype_is_named(tmp_path, descr):
+    folder = write(tmp_path, make_arrays())
+    path = os.path.join(folder, "train_images.npy")
+    _write_npy(path, descr, (12, 6), b"\x00\x00\x80\x3f" * 12 * 6 * np.dtype(descr).itemsize)
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)} has the structured dtype "):
+        load(folder)
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ((2**32, 2**32), "is truncated: "),  # 2**64 rows x dim: 0 in int64
+        ((2**62, 2**40), "is truncated: "),
+        ((-12, 6), r"has a damaged header: its shape \(-12, 6\) has a negative dimension"),
+    ],
+)
+def test_an_impossible_header_is_refused_before_the_data_is_read(tmp_path, shape, expected):
+    """A 128-byte header cannot promise more data than its file holds, nor a negative size."""
+    folder = write(tmp_path, make_arrays())
+    path = os.path.join(folder, "train_images.npy")
+    _write_npy(path, "<f4", shape, b"\x00" * 64)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)} {expected}"):
+        vectors.read_header(path)
+    with pytest.raises(ValueError, match=f"^{re.escape(path)} {expected}"):
+        load(folder)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+def test_an_unreadable_folder_or_file_is_named(tmp_path):
+    folder = write(tmp_path / "folder", make_arrays(texts=True))
+    path = os.path.join(folder, "val_texts.npy")
+    for denied, expected in [(folder, f"The folder {folder}"), (path, path)]:
+        os.chmod(denied, 0)
+        try:
+            with pytest.raises(PermissionError, match=rf"^{re.escape(expected)} cannot be read"):
+                load(folder)
+        finally:
+            os.chmod(denied, 0o755)
+
+
+@pytest.mark.parametrize("name", ["", "val_texts.npy", "test_labels.npy", "train_captions.txt"])
+def test_a_path_without_read_permission_is_named(tmp_path, monkeypatch, name):
+    """The permission check, as root too: ``os.access`` denies one path."""
+    folder = write(tmp_path / "folder", make_arrays(labels=True, texts=True))
+    denied = os.path.join(folder, name) if name else folder
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: os.fspath(p) != denied and access(p, mode))
+    expected = f"{denied} cannot be read (permission denied)"
+    with pytest.raises(PermissionError, match=re.escape(expected)) as caught:
+        load(folder)
+    assert "\n" not in str(caught.value)
+    if name != "test_labels.npy":
+        with pytest.raises(PermissionError, match=re.escape(expected)):
+            vectors.display_texts(folder, name.split("_")[0] if name else "val")
+
+
+def test_cr_line_ends_and_a_byte_order_mark_read_as_lines(tmp_path, monkeypatch):
+    r"""``\r``, ``\n`` and ``\r\n`` each end a line, also where a chunk ends between the
+    ``\r`` and the ``\n``; a leading UTF-8 byte-order mark is no part of the first line."""
+    bom = b"\xef\xbb\xbf"
+    path = tmp_path / "t.txt"
+    for content, lines in [
+        (b"a\rb\r", ["a", "b"]),
+        (b"a\rb", ["a", "b"]),
+        (b"a\r\rc", ["a", "", "c"]),
+        (b"a\r\nb\rc\n\r\n", ["a", "b", "c", ""]),
+        (b"\r", [""]),
+        (bom + "é\r\n2".encode(), ["é", "2"]),
+        (bom, []),
+        (bom + b"\r", [""]),
+    ]:
+        path.write_bytes(content)
+        for chunk in (1, 2, 3, 1 << 20):
+            monkeypatch.setattr(vectors, "CHUNK_BYTES", chunk)
+            assert vectors.count_lines(str(path)) == len(lines), (content, chunk)
+        assert vectors.read_lines(str(path)) == lines, content
+    rng = np.random.default_rng(0)  # oracle: Python's universal newlines (read_lines)
+    for _ in range(200):
+        path.write_bytes(b"".join(rng.choice([b"a", b"\r", b"\n", "é".encode()], size=9)))
+        for chunk in (1, 2, 3):
+            monkeypatch.setattr(vectors, "CHUNK_BYTES", chunk)
+            assert vectors.count_lines(str(path)) == len(vectors.read_lines(str(path)))
+    path.write_bytes(b"a\r\nb\rc\n\xc3\xa9\r\xff\n")
+    for chunk in (1, 2, 3, 4, 1 << 20):
+        monkeypatch.setattr(vectors, "CHUNK_BYTES", chunk)
+        with pytest.raises(ValueError, match=r"is not UTF-8 \(line 5\)"):
+            vectors.count_lines(str(path))
+
+
+def test_a_folder_of_cr_text_files_with_byte_order_marks_reads_back(tmp_path):
+    """As a Windows editor may save them: the first id is found, with no mark in it."""
+    arrays = make_arrays(texts=True)
+    folder = write(tmp_path, arrays)
+    for kind in ("captions", "image_ids"):
+        lines = arrays["train"][kind]
+        with open(os.path.join(folder, f"train_{kind}.txt"), "wb") as f:
+            f.write(b"\xef\xbb\xbf" + "\r".join(lines).encode())
+    load(folder)
+    ids, captions = vectors.display_texts(folder, "train")
+    assert ids == arrays["train"]["image_ids"] and ids.index("train/img0.jpg") == 0
+    assert captions == arrays["train"]["captions"]
+
+
 # ----------------------------------------------------------------------------- synthetic
 
 
