@@ -15,13 +15,22 @@ the newest checkpoint of ``checkpoints/latest``):
   of the image the pair was trained with; empty where the dataset has none) and, for the
   noisy-label methods (UOT-RCL), ``observed_label_image``, ``observed_label_text`` (the
   labels the run trained on), ``corrected_label``, its ``confidence`` and ``trusted``
-  (the method trains on it);
+  (the method trains on it), and ``step``, the checkpoint the scores come from. In
+  ``pairs.csv`` an ``image_id`` or ``caption`` that begins with ``=``, ``+``, ``-``, ``@``,
+  a tab or a carriage return is written after a ``'`` so that a spreadsheet shows it as
+  text instead of running it as a formula (``CSV_FORMULA_PREFIXES``); ``pairs.jsonl``
+  keeps every text exactly;
 - ``RUN/audit/audit.json``: which checkpoint the scores come from (step, epochs
   completed, whether the run finished), what the score is, the method's threshold and
   how many pairs fall at or below it;
 - ``RUN/audit/scores.png``: the histogram of the scores with the threshold marked
   (matplotlib, the test and notebooks extra; without it the tables are written and the
   command says so).
+
+The files are one set: they are written into a new folder beside ``RUN/audit``, which
+replaces it only once every file is complete, so an audit stopped partway (Ctrl-C, a
+full disk, a kill) leaves the previous audit whole or no audit, never a mix of the two;
+each file names the step of its checkpoint.
 
 The score is the one the trainer scores against the true noise after every epoch
 (``noise_auc`` in ``metrics.jsonl`` and ``results.json``): ``Method.clean_score_fn`` of
@@ -44,6 +53,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -60,7 +70,9 @@ from ncljax.train import state as state_lib
 
 NOTHING_TO_AUDIT = 3  # the exit status for a run whose method scores no pair
 OUT_DIR = "audit"
-PAIR_FIELDS = ("rank", "index", "clean_score", "image_id", "caption")
+PAIR_FIELDS = ("rank", "index", "clean_score", "image_id", "caption", "step")
+TEXT_FIELDS = ("image_id", "caption")  # the user's own text: neutralised in pairs.csv
+CSV_FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs these
 LABEL_FIELDS = (
     "observed_label_image",
     "observed_label_text",
@@ -466,6 +478,7 @@ def rows(scores: PairScores) -> Iterator[dict]:
         "clean_score": scores.clean_score[order].tolist(),
         "image_id": [scores.image_ids[k] for k in order] if scores.image_ids else empty,
         "caption": [scores.captions[k] for k in order] if scores.captions else empty,
+        "step": [scores.checkpoint["step"]] * order.size,
     }
     for name, values in (scores.labels or {}).items():
         columns[name] = values[order].tolist()
@@ -487,6 +500,15 @@ def summary(scores: PairScores) -> dict:
         "at_or_below_threshold": flagged,
         "checkpoint": scores.checkpoint,
         "notes": list(scores.notes),
+    }
+
+
+def spreadsheet_safe(row: dict) -> dict:
+    """``row`` with each text field (``TEXT_FIELDS``) that a spreadsheet would run as a
+    formula (it begins with one of ``CSV_FORMULA_PREFIXES``) prefixed by ``'``."""
+    return {
+        k: f"'{v}" if k in TEXT_FIELDS and str(v).startswith(CSV_FORMULA_PREFIXES) else v
+        for k, v in row.items()
     }
 
 
@@ -512,7 +534,7 @@ def write_tables(scores: PairScores, out_dir: str) -> dict[str, str]:
     def write_csv(f):
         writer = csv.DictWriter(f, fieldnames=fields(scores))
         writer.writeheader()
-        writer.writerows(rows(scores))
+        writer.writerows(spreadsheet_safe(row) for row in rows(scores))
 
     def write_jsonl(f):
         for row in rows(scores):
@@ -584,17 +606,51 @@ def audit(workdir: str) -> dict:
     """
     scores = pair_scores(workdir)
     out_dir = os.path.join(workdir, OUT_DIR)
-    paths = write_tables(scores, out_dir)
-    plot_error = None
-    png = os.path.join(out_dir, "scores.png")
+    _remove_stale(workdir)
+    staging = os.path.join(workdir, f"{_STAGING}{os.getpid()}")
     try:
-        plot(scores, png)
-        paths["scores.png"] = png
-    except ModuleNotFoundError as e:
-        plot_error = str(e)
-        if os.path.exists(png):  # an earlier audit's plot would show other scores
-            os.remove(png)
+        written = write_tables(scores, staging)
+        plot_error = None
+        try:
+            plot(scores, os.path.join(staging, "scores.png"))
+            written["scores.png"] = ""
+        except ModuleNotFoundError as e:
+            plot_error = str(e)
+        _swap_in(staging, out_dir)
+    except OSError as e:
+        kept = "the previous audit is kept whole" if os.path.isdir(out_dir) else "none is kept"
+        raise OSError(
+            f"The audit could not be written into {out_dir} ({e.strerror or e}): free space "
+            f"or give write permission in {workdir}, then run it again; {kept}."
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    paths = {name: os.path.join(out_dir, name) for name in written}
     return {**summary(scores), "paths": paths, "plot_error": plot_error}
+
+
+_STAGING = ".audit-new-"  # an audit being written: RUN/.audit-new-<pid>
+_RETIRED = ".audit-old-"  # the audit it replaces, removed after the swap
+
+
+def _swap_in(staging: str, out_dir: str) -> None:
+    """Replaces ``out_dir`` by the complete ``staging`` folder (two renames)."""
+    retired = None
+    if os.path.exists(out_dir):
+        retired = os.path.join(os.path.dirname(out_dir), f"{_RETIRED}{os.getpid()}")
+        os.rename(out_dir, retired)
+    os.rename(staging, out_dir)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def _remove_stale(workdir: str) -> None:
+    """Removes what an audit killed before its swap left (its staging folder or the
+    audit it was replacing); an audit killed between the two renames leaves no
+    ``audit/``, and its new files are not trusted: they are written again."""
+    for name in os.listdir(workdir):
+        if name.startswith((_STAGING, _RETIRED)):
+            shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
 
 
 def _report(result: dict) -> str:
@@ -635,6 +691,11 @@ def main(argv):
         if flags.FLAGS.verbosity > 0:  # -v 1: the whole traceback
             raise
         sys.exit(f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt:  # the previous audit, if any, is whole (audit's swap)
+        if flags.FLAGS.verbosity > 0:
+            raise
+        print("Interrupted; the previous audit is unchanged. Run it again.", file=sys.stderr)
+        sys.exit(130)
     print(_report(result))
     if result["plot_error"]:
         print(result["plot_error"], file=sys.stderr)

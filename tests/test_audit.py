@@ -378,3 +378,96 @@ def test_a_dataset_that_no_longer_gives_the_runs_pairs_is_refused(runs, tmp_path
     (workdir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="no longer gives the run's training pairs"):
         audit.pair_scores(str(workdir))
+
+
+def _scores(captions, image_ids, step=7):
+    n = len(captions)
+    return audit.PairScores(
+        method="gsc",
+        clean_score=np.linspace(-1.0, 1.0, n),
+        rank=np.arange(1, n + 1),
+        threshold=None,
+        score="s",
+        threshold_rule="r",
+        image_ids=image_ids,
+        captions=captions,
+        labels=None,
+        checkpoint={"step": step, "epochs_completed": 1, "num_epochs": 2},
+        notes=(),
+    )
+
+
+def test_formulas_in_captions_are_text_in_the_csv_and_exact_in_the_jsonl(tmp_path):
+    captions = [
+        '=HYPERLINK("http://x","y")',
+        "=cmd|' /C calc'!A0",
+        "+1+2",
+        "-3",
+        "@SUM(A1)",
+        "\tx",
+        "a dog, =not at the start",
+    ]
+    ids = ["=id", "plain", "+p", "-m", "@a", "t", "ok"]
+    paths = audit.write_tables(_scores(captions, ids), str(tmp_path))
+    rows = _read_csv(paths["pairs.csv"])
+    assert [r["caption"] for r in rows] == ["'" + c for c in captions[:6]] + [captions[6]]
+    assert [r["image_id"] for r in rows] == ["'=id", "plain", "'+p", "'-m", "'@a", "t", "ok"]
+    assert float(rows[0]["clean_score"]) == -1.0  # numbers are not text: never prefixed
+    with open(paths["pairs.jsonl"], encoding="utf-8") as f:
+        exact = [json.loads(line) for line in f]
+    assert [r["caption"] for r in exact] == captions and [r["image_id"] for r in exact] == ids
+    assert {r["step"] for r in exact} == {7} and {r["step"] for r in rows} == {"7"}
+
+
+def _contents(folder):
+    out = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("fault", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_an_audit_stopped_while_writing_leaves_the_previous_one_whole(
+    runs, tmp_path, monkeypatch, fault
+):
+    workdir = str(tmp_path / "gsc")
+    shutil.copytree(runs["gsc"], workdir, ignore=shutil.ignore_patterns("audit"))
+    audit.audit(workdir)
+    out = os.path.join(workdir, "audit")
+    before = _contents(out)
+    written = []
+
+    def failing(f):  # the second table fails after the first was written in full
+        written.append(True)
+        raise fault
+
+    original = audit._replace
+    monkeypatch.setattr(
+        audit,
+        "_replace",
+        lambda path, fn: original(path, failing if path.endswith(".jsonl") else fn),
+    )
+    with pytest.raises(type(fault)) as e:
+        audit.audit(workdir)
+    assert written
+    assert _contents(out) == before  # the old set, whole: no new pairs.csv beside it
+    assert not [n for n in os.listdir(workdir) if n.startswith(".audit-")]
+    if isinstance(fault, OSError):
+        assert str(e.value).startswith(f"The audit could not be written into {out} (No space")
+        assert "previous audit is kept whole" in str(e.value)
+
+
+def test_what_a_killed_audit_left_is_removed_by_the_next(runs, tmp_path):
+    workdir = str(tmp_path / "gsc")
+    shutil.copytree(runs["gsc"], workdir, ignore=shutil.ignore_patterns("audit"))
+    stale = os.path.join(workdir, ".audit-new-12345")
+    os.makedirs(stale)
+    open(os.path.join(stale, "pairs.csv"), "w").close()
+    result = audit.audit(workdir)
+    assert not os.path.exists(stale)
+    step = result["checkpoint"]["step"]
+    rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
+    assert {r["step"] for r in rows} == {str(step)}
+    with open(os.path.join(workdir, "audit", "audit.json")) as f:
+        assert json.load(f)["checkpoint"]["step"] == step
