@@ -16,7 +16,9 @@ Queries (``--split``, default ``test``; indices are 0-based positions in the spl
   is ``IMAGE_ID`` (``data.name='vectors'`` folders with that file).
 
 The top ``--k`` (default 5) are printed one per line: rank, index, similarity, and for a
-vectors folder the image id and caption text; ``*`` marks the query's own pairs.
+vectors folder the image id and caption text (characters that are not printable, such as
+a terminal's escape sequences, as their escapes: :func:`printable`); ``*`` marks the query's
+own pairs.
 
 The run is the evaluator's: its ``config.json`` rebuilds the model, its best-on-validation
 checkpoint (the one ``results.json``'s test figures come from) is restored, every network
@@ -417,7 +419,7 @@ def parse_query(query: str) -> tuple[str, str]:
             "caption:N (rank images for caption N) or id:IMAGE_ID (a line of "
             "{split}_image_ids.txt)."
         )
-    if kind != "id" and not value.isdigit():
+    if kind != "id" and not (value.isascii() and value.isdigit()):  # '²' is a digit to str
         raise ValueError(f"--query={query!r}: {kind} needs a non-negative integer index.")
     return kind, value
 
@@ -450,7 +452,7 @@ def parse_candidates(text: str) -> list[int]:
         with open(text) as f:
             text = ",".join(f.read().split())
     items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items or not all(item.isdigit() for item in items):
+    if not items or not all(item.isascii() and item.isdigit() for item in items):
         raise ValueError(
             f"--candidates={text[:80]!r} is not a list of indices; pass comma-separated "
             "non-negative integers (4,90,311) or a file of them."
@@ -458,12 +460,21 @@ def parse_candidates(text: str) -> list[int]:
     return [int(item) for item in items]
 
 
+def printable(text: str) -> str:
+    """``text`` as printed: every character that is not printable (control and format
+    characters: a terminal's escape sequences, carriage returns, bidirectional overrides)
+    written as its Python escape (``\\x1b``), so the data cannot drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _image_text(run: Run, image: int) -> str:
-    return f"image {image}" + ("" if run.image_ids is None else f"  {run.image_ids[image]}")
+    return f"image {image}" + (
+        "" if run.image_ids is None else f"  {printable(run.image_ids[image])}"
+    )
 
 
 def _caption_text(run: Run, caption: int) -> str:
-    return "" if run.captions is None else f"  {run.captions[caption]}"
+    return "" if run.captions is None else f"  {printable(run.captions[caption])}"
 
 
 def format_ranking(run: Run, kind: str, index: int, ranking: Ranking, k: int) -> list[str]:
@@ -473,14 +484,14 @@ def format_ranking(run: Run, kind: str, index: int, ranking: Ranking, k: int) ->
     image = index if kind == "image" else index // cpi
     query = f"split {run.split!r}, image {image}"
     if run.image_ids is not None:
-        query += f" ({run.image_ids[image]})"
+        query += f" ({printable(run.image_ids[image])})"
     if kind == "image":
         noun, own = "caption", range(cpi * index, cpi * (index + 1))
     else:
         noun, own = "image", (image,)
         query = query.replace(", image", f", caption {index} of image")
         if run.captions is not None:
-            query += f' "{run.captions[index]}"'
+            query += f' "{printable(run.captions[index])}"'
     lines = [f"{query}: top {shown} of {total} {noun}s, most similar first (* its own)"]
     width = len(str(max(run.num_images, run.num_captions) - 1))
     for rank, (i, s) in enumerate(zip(ranking.index[:k], ranking.score[:k], strict=True), 1):
@@ -488,7 +499,7 @@ def format_ranking(run: Run, kind: str, index: int, ranking: Ranking, k: int) ->
         if noun == "caption":
             line += f"  {_image_text(run, i // cpi)}{_caption_text(run, i)}"
         elif run.image_ids is not None:
-            line += f"  {run.image_ids[i]}"
+            line += f"  {printable(run.image_ids[i])}"
         lines.append(line)
     return lines
 

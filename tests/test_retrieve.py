@@ -252,6 +252,8 @@ def test_the_command_prints_the_top_k_with_ids_and_captions(gsc, folder, tmp_pat
     [
         (["--query=picture:3"], "ValueError: --query='picture:3' is not a query; use image:N"),
         (["--query=id:test/nope"], "ValueError: Image id 'test/nope' is not in test_image_ids"),
+        (["--query=image:²"], "ValueError: --query='image:²': image needs a non-negative integer"),
+        (["--query=image:1", "--candidates=1,²"], "ValueError: --candidates='1,²' is not a list"),
     ],
 )
 def test_command_errors_are_one_line(gsc, args, message):
@@ -298,3 +300,38 @@ def test_sgr_reranks_candidates_in_the_matrix_order(tmp_path):
         retrieve.rank_captions(run._replace(config=small), 0)
     with pytest.raises(ValueError, match=r"has no embedding export: its SGR head"):
         retrieve.embeddings(run)
+
+
+def test_text_that_is_not_printable_is_printed_escaped():
+    # A clear-screen, a hyperlink (OSC 8), a carriage return, a bidi override: escaped;
+    # letters of any script and spaces as they are.
+    assert retrieve.printable("\x1b[2Jgone") == "\\x1b[2Jgone"
+    link = "\x1b]8;;http://x\x07click\x1b]8;;\x07"
+    assert retrieve.printable(link) == "\\x1b]8;;http://x\\x07click\\x1b]8;;\\x07"
+    assert retrieve.printable("a\rb\tc\u202ed") == "a\\rb\\tc\\u202ed"
+    assert retrieve.printable("un chat noir, 黒い猫 ²") == "un chat noir, 黒い猫 ²"
+
+
+def test_the_command_prints_escape_sequences_in_captions_escaped(tmp_path):
+    folder = str(tmp_path / "folder")
+    vectors.from_synthetic(folder, num_train=64, num_val=16, num_test=16, noise_rate=0.0)
+    path = vectors.path_of(folder, "test", "captions")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    lines[0] = "\x1b[2J\x1b]8;;http://evil\x07a caption"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    config = presets.start("vectors")
+    config.method = "infonce"
+    config.method_kwargs = config_lib.method_kwargs("infonce")
+    config.data.folder = folder
+    config.model.image_hidden = config.model.text_hidden = (32,)
+    config.model.embed_dim = 16
+    config.train.epochs, config.train.batch_size, config.eval.batch_size = 1, 32, 16
+    config.train.num_devices, config.train.progress_bar = 1, False
+    workdir = str(tmp_path / "run")
+    train_and_evaluate(config, workdir)
+    code, stdout, stderr = _command(f"--workdir={workdir}", "--query=caption:0", "--k=16")
+    assert code == 0, stderr[-2000:]
+    assert "\x1b" not in stdout and "\x07" not in stdout
+    assert '"\\x1b[2J\\x1b]8;;http://evil\\x07a caption"' in stdout
