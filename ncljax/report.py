@@ -24,7 +24,16 @@ checkpoint (``train.py`` resumes by itself), so rerunning the command finishes a
 and adding seeds, rates, worlds or methods extends it. One ``--out`` holds one setting:
 a sweep whose ``--quick``/``--set`` differ from those of the runs already there is
 refused. A failed run is reported (method, world, rate, seed, its log and the log's last
-line) and the sweep goes on; the command exits non-zero when a run failed.
+line) and the sweep goes on; the command exits non-zero when a run failed. A run is
+refused, nothing started, while another process trains it (``train.py``'s lock, e.g. of an
+earlier sweep still running) and when its folder holds another run (a run folder copied or
+renamed: its ``report_run.json`` or ``config.json`` names another method, world, rate or
+seed; a real world's run copied from another ``--out``); the command then exits non-zero
+too. A ``results.json`` that is damaged (not JSON, not an object) is tested again
+(``train.py`` resumes from the run's checkpoints). The runs end with the report: Ctrl-C
+(exit 130) and SIGTERM (exit 143) end them and say, in one line, to run the same command to
+resume; on Linux a report killed otherwise (SIGKILL) takes them with it
+(``prctl(PR_SET_PDEATHSIG)``).
 
 Real worlds (``--worlds=digits,mnist5k,cancer``, pairs family, mixed freely with synthetic
 ones; ``ncljax.data.real_worlds`` defines them): real datasets shipped inside installed
@@ -58,37 +67,46 @@ The report covers every finished run under ``<out>/runs/<family>/``:
   real worlds only) and of the best epoch, how many seeds' best epoch was a warm-up epoch
   (``best_in_warmup_n``), and the mean wall time of a run;
 - ``<out>/report_<family>.md``: the same table, the runs below the baseline (pairs:
-  InfoNCE at rates above 0, VSE++ at rate 0; labels: CE), the failed runs, the sweep's
-  wall time and each run's;
+  InfoNCE at rates above 0, VSE++ at rate 0; labels: CE), the failed runs, the damaged
+  ones (left out of the tables; each named in a warning too, with what to do), the
+  sweep's wall time and each run's;
 - ``<out>/report_<family>.png``: rSum (mAP) against the noise rate, one panel per world,
   one line per method, error bars of one standard deviation (matplotlib, a test extra).
 
 A run's wall time is that of the invocation that finished it (``report_run.json`` in its
-workdir), compilation and evaluation included.
+workdir, written with exit status 0), compilation and evaluation included; a failed or
+refused attempt records none, and a run finished by another process has none.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
+import ctypes
 import dataclasses
 import datetime
+import fcntl
+import functools
 import glob
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from ncljax import audit as audit_lib
 from ncljax.data import real_worlds
-from ncljax.train import worlds
+from ncljax.train import rundir, worlds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_SCRIPT = os.path.join(ROOT, "train.py")
@@ -97,7 +115,7 @@ RATES = (0.0, 0.2, 0.4, 0.6, 0.8)
 RECORD = "report_run.json"  # in each workdir: how and how long the report ran it
 AUDIT_RECORD = "report_audit.json"  # in each audited workdir: the audit and its AUC
 # Fields every run sets itself; --set may not change them.
-OWN_FIELDS = ("seed", "noise.kind", "noise.rate", "noise.seed", "data.folder")
+OWN_FIELDS = ("method", "seed", "noise.kind", "noise.rate", "noise.seed", "data.folder")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,14 +295,35 @@ def _recorded_settings(record: dict) -> dict | None:
     return None if settings is None else {"noisy_val": False, **settings}
 
 
-def _read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
+class DamagedFile(ValueError):
+    """A JSON file of a run or of the report that is not JSON, or not a JSON object."""
+
+
+def _read_json(path: str) -> dict:
+    """The JSON object in ``path``.
+
+    Raises:
+      DamagedFile: ``path`` is not JSON (truncated, edited) or holds no object.
+    """
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise DamagedFile(f"{path} is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise DamagedFile(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def _records(out: str, family: str) -> list[tuple[str, dict]]:
+    """The readable ``report_run.json`` records under ``out`` (``scan`` names the damaged
+    ones)."""
     pattern = os.path.join(out, "runs", family, "*", "*", "rate*", "seed*", RECORD)
-    return [(os.path.dirname(p), _read_json(p)) for p in sorted(glob.glob(pattern))]
+    records = []
+    for path in sorted(glob.glob(pattern)):
+        with contextlib.suppress(DamagedFile):
+            records.append((os.path.dirname(path), _read_json(path)))
+    return records
 
 
 def check_settings(
@@ -328,6 +367,8 @@ class Outcome(NamedTuple):
         pair; 1 also when its AUC cannot be computed); None: no audit ran (none is due, or
         it finished before).
       audit_auc: the AUC of the run's audit (this call's or an earlier one), or None.
+      refused: why the sweep started nothing for an unfinished run (another process
+        trains it; its folder is another run's), with what to do; None otherwise.
     """
 
     run: Run
@@ -336,6 +377,7 @@ class Outcome(NamedTuple):
     log: str
     audit_code: int | None = None
     audit_auc: float | None = None
+    refused: str | None = None
 
 
 def _append(log: str, line: str) -> None:
@@ -343,15 +385,125 @@ def _append(log: str, line: str) -> None:
         f.write(line.rstrip("\n") + "\n")
 
 
+class Interrupted(BaseException):
+    """The sweep was stopped (Ctrl-C, SIGTERM): its child processes are ended and no other
+    starts. ``args[0]``: the signal, when one stopped it."""
+
+
+_children: set[subprocess.Popen] = set()  # the running train.py and audit processes
+_children_lock = threading.Lock()
+_stopping = threading.Event()  # set: no child process starts
+
+
+@functools.cache
+def _prctl() -> Callable | None:
+    """Linux's ``prctl``, or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which Linux sends the child SIGTERM when the report dies,
+    however it dies (SIGKILL included: ``prctl(PR_SET_PDEATHSIG)``), so a killed report
+    leaves no ``train.py`` training; None where there is no ``prctl``. Linux sends it when
+    the *thread* that started the child ends: ``_run_logged`` waits for the child in it."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent, sig = os.getpid(), int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the report died before prctl
+            os._exit(128 + sig)
+
+    return preexec
+
+
 def _run_logged(cmd: Sequence[str], log: str, env: dict) -> tuple[int, float]:
     """Runs ``cmd`` in the repository's root, its output appended to ``log``; its exit
-    status and wall time."""
+    status and wall time. The child dies with the report (``_die_with_parent``) and is
+    ended by ``_stop_children``.
+
+    Raises:
+      Interrupted: the sweep is stopping (nothing is started).
+    """
     start = time.perf_counter()
     with open(log, "a") as f:
         f.write(f"# {_now()}: {' '.join(cmd)}\n")
         f.flush()
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
+        with _children_lock:
+            if _stopping.is_set():
+                raise Interrupted()
+            child = subprocess.Popen(
+                cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=env,
+                preexec_fn=_die_with_parent(),
+            )
+            _children.add(child)
+        try:
+            code = child.wait()
+        finally:
+            with _children_lock:
+                _children.discard(child)
     return code, time.perf_counter() - start
+
+
+def _stop_children(grace: float = 0.0, timeout: float = 10.0) -> None:
+    """Starts no other child process and ends the running ones: those not ended after
+    ``grace`` seconds get SIGTERM, those alive ``timeout`` seconds later SIGKILL. Ctrl-C and
+    SIGTERM are ignored meanwhile (in the main thread), so that a second Ctrl-C does not
+    cut the cleanup short."""
+    main = threading.current_thread() is threading.main_thread()
+    stops = (signal.SIGINT, signal.SIGTERM) if main else ()
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in stops}
+    try:
+        with _children_lock:
+            _stopping.set()
+            running = list(_children)
+        _wait_all(running, grace)
+        for child in running:
+            child.terminate()  # nothing when it has ended
+        _wait_all(running, timeout)
+        for child in running:
+            child.kill()
+            child.wait()
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def _wait_all(children: Sequence[subprocess.Popen], seconds: float) -> None:
+    """Waits until ``children`` have ended, at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _ctrl_c_reaches_children() -> bool:
+    """Whether the report runs in its terminal's foreground process group: a Ctrl-C there
+    reaches its children too, and ``train.py`` then closes its checkpoints by itself."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY)
+    except OSError:  # no controlling terminal
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _write_json(path: str, value: dict) -> None:
@@ -398,13 +550,93 @@ def audit_auc(workdir: str, mismatched: np.ndarray) -> float | None:
 
 
 def _audit_record(workdir: str) -> dict | None:
+    """The run's audit record; None when there is none or it is damaged (then the next
+    sweep audits the run again, and ``collect`` names it)."""
     path = os.path.join(workdir, AUDIT_RECORD)
-    return _read_json(path) if os.path.exists(path) else None
+    return _read_optional(path)
+
+
+def _read_optional(path: str) -> dict | None:
+    """The JSON object in ``path``; None when it is missing, unreadable or damaged."""
+    try:
+        return _read_json(path)
+    except (OSError, DamagedFile):
+        return None
 
 
 def _audit_done(workdir: str) -> bool:
     record = _audit_record(workdir)
-    return record is not None and record["returncode"] in (0, audit_lib.NOTHING_TO_AUDIT)
+    return record is not None and record.get("returncode") in (0, audit_lib.NOTHING_TO_AUDIT)
+
+
+def lock_holder(workdir: str) -> str | None:
+    """Who trains the run in ``workdir`` now: the holder of ``train.py``'s lock
+    (``workdir/lock``, ``ncljax.train.rundir.WorkdirLock``; its ``host <host> pid <pid>``),
+    or None when the lock is free (or the file system has none: ``train.py`` then checks
+    the holder's pid itself)."""
+    path = os.path.join(workdir, rundir.LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file: no run has started here
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # and the shared lock taken to look with it
+    return None
+
+
+def _other_run(workdir: str, run: Run) -> tuple[str, Run] | None:
+    """The file of ``workdir`` that names another run than ``run``, the run of its
+    location, and that run: a ``report_run.json`` of another method, world, rate or seed,
+    or a ``config.json`` of another method, seed or (synthetic worlds) noise rate, i.e. a
+    run folder copied or renamed; None when neither does (or neither is readable)."""
+    record = _read_optional(os.path.join(workdir, RECORD)) or {}
+    other = run._replace(**{k: record[k] for k in Run._fields if k in record})
+    if other != run:
+        return os.path.join(workdir, RECORD), other
+    config = _read_optional(os.path.join(workdir, "config.json")) or {}
+    noise = config.get("noise")
+    rate = run.rate if run.real or not isinstance(noise, dict) else noise.get("rate", run.rate)
+    other = run._replace(
+        method=config.get("method", run.method), seed=config.get("seed", run.seed), rate=rate
+    )
+    return (os.path.join(workdir, "config.json"), other) if other != run else None
+
+
+def _copied(workdir: str, run: Run, out: str) -> str | None:
+    """Why the run folder ``workdir`` does not hold ``run`` (``_other_run``), with what to
+    do; None when it does."""
+    found = _other_run(workdir, run)
+    if found is None:
+        return None
+    path, other = found
+    return (
+        f"{path} is of {other.describe()}, not of {run.describe()} whose folder holds it: a "
+        f"copied or renamed run folder. Move it to {other.workdir(out)}, or delete it to "
+        "train this run."
+    )
+
+
+def _moved_folder(workdir: str, folder: str, audit_only: bool) -> str | None:
+    """Why a real world's run in ``workdir`` cannot go on here, with what to do: its
+    ``config.json`` trains on a vectors folder other than ``folder``, this ``--out``'s
+    (the run was copied from another ``--out``), which ``train.py`` refuses to resume and
+    the audit reads (``audit_only``: only when it is gone). None when it can go on."""
+    config = _read_optional(os.path.join(workdir, "config.json")) or {}
+    data = config.get("data")
+    recorded = data.get("folder") if isinstance(data, dict) else None
+    if not recorded or recorded == folder or (audit_only and os.path.isdir(recorded)):
+        return None
+    return (
+        f"{os.path.join(workdir, 'config.json')} trains on {recorded}, not on this --out's "
+        f"{folder}: the run was copied from another --out. Delete {workdir} to train it "
+        "here, or sweep into the --out it was made in."
+    )
 
 
 def run_audit(workdir: str, cell: str, env: dict) -> tuple[int, float | None]:
@@ -415,6 +647,8 @@ def run_audit(workdir: str, cell: str, env: dict) -> tuple[int, float | None]:
     log = os.path.join(workdir, "log.txt")
     cmd = [sys.executable, "-m", "ncljax.audit", f"--workdir={workdir}"]
     code, wall = _run_logged(cmd, log, env)
+    if code != 0 and _stopping.is_set():  # ended by the report: audited on the next sweep
+        raise Interrupted()
     record = {"returncode": code, "wall_s": wall, "finished": _now(), "auc": None}
     if code == 0:
         try:
@@ -440,16 +674,51 @@ def execute(
     """Trains ``run`` in a ``train.py`` process unless its ``results.json`` exists; a real
     world's run gets its cell written first (``real_worlds.write_cell``, once for all
     methods) and, for a method that scores its pairs, an audit after training unless one
-    finished before (``run_audit``)."""
+    finished before (``run_audit``).
+
+    A damaged ``results.json`` (not JSON, not an object, without the family's metric) is
+    tested again: ``train.py`` resumes the run from its checkpoints and rewrites it. Refused,
+    nothing started (``Outcome.refused``): a run another process trains (``lock_holder``),
+    a folder that holds another run (``_copied``), a real world's run copied from another
+    ``--out`` (``_moved_folder``). Only an attempt that finished (exit status 0) records its
+    wall time; a failed one is recorded only while the run has no ``results.json``, so it
+    never replaces the record of a run another process finished meanwhile.
+
+    Raises:
+      Interrupted: the sweep stopped (``_stop_children``) while the run trained.
+    """
     workdir = os.path.abspath(run.workdir(out))  # train.py runs in the repository's root
     log = os.path.join(workdir, "log.txt")
-    trained = os.path.exists(os.path.join(workdir, "results.json"))
+    results = os.path.join(workdir, "results.json")
+    trained = os.path.exists(results)
+    copied = _copied(workdir, run, out) if os.path.isdir(workdir) else None
+    if copied is not None:
+        return Outcome(run, None, 0.0, log, refused=copied)
+    if trained:
+        try:
+            if FAMILIES[run.family].metric not in _read_json(results):
+                raise DamagedFile(f"{results} has no {FAMILIES[run.family].metric!r}")
+        except DamagedFile as e:
+            print(f"Warning: {e}; testing {run.describe()} again.", flush=True)
+            trained = False
     if trained and (not run.audited or _audit_done(workdir)):
         record = _audit_record(workdir) or {}
         return Outcome(run, None, 0.0, log, None, _finite(record.get("auc")))
+    holder = None if trained else lock_holder(workdir)
+    if holder is not None:
+        refused = (
+            f"{workdir} is in use by another process ({holder}), e.g. the train.py of an "
+            "earlier sweep. Wait for it to finish or stop it, then run the same command."
+        )
+        _append(log, f"# {_now()}: not started: {refused}")
+        return Outcome(run, None, 0.0, log, refused=refused)
+    cell = os.path.abspath(run.cell(out, noisy_val)) if run.real else None
+    if cell is not None:
+        moved = _moved_folder(workdir, os.path.join(cell, real_worlds.FOLDER), trained)
+        if moved is not None:
+            return Outcome(run, None, 0.0, log, refused=moved)
     os.makedirs(workdir, exist_ok=True)
     settings = _settings(quick, sets, noisy_val)
-    cell = os.path.abspath(run.cell(out, noisy_val)) if run.real else None
     folder = None
     if cell is not None:
         try:
@@ -461,7 +730,7 @@ def execute(
             if trained:  # the audit needs the folder
                 _write_json(os.path.join(workdir, AUDIT_RECORD), {"returncode": 1, "auc": None})
                 return Outcome(run, None, 0.0, log, 1)
-            record = {**run._asdict(), "settings": settings, "returncode": 1, "wall_s": 0.0}
+            record = {**run._asdict(), "settings": settings, "returncode": 1, "wall_s": None}
             _write_json(os.path.join(workdir, RECORD), {**record, "finished": _now()})
             return Outcome(run, 1, 0.0, log)
     code, wall = None, 0.0
@@ -472,15 +741,18 @@ def execute(
         code, wall = _run_logged(
             [sys.executable, TRAIN_SCRIPT, *args, f"--workdir={workdir}"], log, env
         )
-        record = {
-            **run._asdict(),
-            "args": args,
-            "settings": settings,
-            "returncode": code,
-            "wall_s": wall,
-            "finished": _now(),
-        }
-        _write_json(os.path.join(workdir, RECORD), record)
+        if code != 0 and _stopping.is_set():  # ended by the report: not a failure
+            raise Interrupted()
+        if code == 0 or not os.path.exists(results):
+            record = {
+                **run._asdict(),
+                "args": args,
+                "settings": settings,
+                "returncode": code,
+                "wall_s": wall if code == 0 else None,
+                "finished": _now(),
+            }
+            _write_json(os.path.join(workdir, RECORD), record)
         if code != 0 or not run.audited:
             return Outcome(run, code, wall, log)
     audit_code, auc = run_audit(workdir, cell, env)
@@ -498,6 +770,9 @@ def _failed(o: Outcome) -> bool:
 
 def _print_outcome(o: Outcome, head: str, out: str, metric: str) -> None:
     head = f"{head} {o.run.describe()}"
+    if o.refused is not None:
+        print(f"{head}: NOT STARTED: {o.refused}", flush=True)
+        return
     if o.returncode is None:
         line = f"{head}: finished before, skipped"
     elif o.returncode == 0:
@@ -530,6 +805,8 @@ def sweep(
     noisy_val: bool = False,
 ) -> list[Outcome]:
     """Runs ``runs`` (at most ``jobs`` at a time), printing one line per run as it ends.
+    Stopped (Ctrl-C, SIGTERM: ``main``'s ``Interrupted``), it ends the runs in flight
+    (``_stop_children``), starts no other and re-raises.
 
     Raises:
       ValueError: ``jobs`` < 1, a malformed ``--set``, or ``out`` holds runs of other
@@ -555,6 +832,7 @@ def sweep(
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # several processes share one GPU
     metric = FAMILIES[runs[0].family].metric if runs else ""
     outcomes = []
+    _stopping.clear()
     pool = concurrent.futures.ThreadPoolExecutor(jobs)
     try:
         futures = [
@@ -564,7 +842,11 @@ def sweep(
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             outcomes.append(future.result())
             _print_outcome(outcomes[-1], f"[{done}/{len(runs)}]", out, metric)
-    finally:  # Ctrl-C: start no queued run (the running ones get the signal too)
+    except BaseException as e:  # Ctrl-C, SIGTERM, an error: no run goes on without the report
+        ctrl_c = isinstance(e, KeyboardInterrupt) and _ctrl_c_reaches_children()
+        _stop_children(grace=10.0 if ctrl_c else 0.0)
+        raise
+    finally:  # start no queued run
         pool.shutdown(wait=True, cancel_futures=True)
     return outcomes
 
@@ -588,33 +870,53 @@ def _best_in_warmup(workdir: str, best_epoch: float | None) -> bool | None:
     return bool(best_epoch < int(kwargs.get("warmup_epochs", 0)))
 
 
+class Runs(NamedTuple):
+    """The runs under an ``--out`` (``scan``)."""
+
+    finished: list[dict]
+    failed: list[dict]
+    damaged: list[dict]
+
+
 def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
+    """The finished and the failed runs under ``out`` (``scan``)."""
+    runs = scan(out, family)
+    return runs.finished, runs.failed
+
+
+def scan(out: str, family: str) -> Runs:
     """The finished runs under ``out`` (one dict each: method, world, rate, seed, metric,
-    auc, audit_auc, best_epoch, best_in_warmup, wall_s) and the failed ones (method, world,
+    auc, audit_auc, best_epoch, best_in_warmup, wall_s), the failed ones (method, world,
     rate, seed, log, last line; a run whose audit failed is listed with an ``audit:``
-    line)."""
+    line) and the damaged ones, left out of the others (workdir, problem: a sentence that
+    names the file and says what to do): a run folder of an unknown name, whose files are
+    not JSON objects (``DamagedFile``), whose ``results.json`` lacks the metric, or that
+    holds another run (``_copied``). A run's wall time is that of the ``train.py`` that
+    finished it (``report_run.json`` with exit status 0); unknown otherwise."""
     metric = FAMILIES[family].metric
-    finished, failed = [], []
+    finished, failed, damaged = [], [], []
     root = os.path.join(out, "runs", family)
     for workdir in sorted(glob.glob(os.path.join(root, "*", "*", "rate*", "seed*"))):
-        method, world, rate, seed = os.path.relpath(workdir, root).split(os.sep)
-        key = dict(method=method, world=world, rate=float(rate[4:]), seed=int(seed[4:]))
-        record_path = os.path.join(workdir, RECORD)
-        record = _read_json(record_path) if os.path.exists(record_path) else {}
-        results_path = os.path.join(workdir, "results.json")
-        if not os.path.exists(results_path):
+        try:
+            run = _run_of(workdir, out, family)
+        except ValueError as e:
+            damaged.append({"workdir": workdir, "problem": str(e)})
+            continue
+        key = dict(method=run.method, world=run.world, rate=run.rate, seed=run.seed)
+        try:
+            record, results, audit = _run_files(workdir, run, out)
+        except DamagedFile as e:
+            damaged.append({"workdir": workdir, "problem": str(e)})
+            continue
+        if results is None:
             if record.get("returncode", 0) != 0:
                 log = os.path.join(workdir, "log.txt")
                 failed.append({**key, "log": log, "last_line": _last_line(log)})
             continue
-        results = _read_json(results_path)
-        if metric not in results:
-            raise ValueError(f"{results_path} has no {metric!r}: not a run of family {family}.")
         if _finite(results[metric]) is None:  # null (undefined) or non-finite: a failed run
             log = os.path.join(workdir, "log.txt")
             failed.append({**key, "log": log, "last_line": f"{metric} is {results[metric]}"})
             continue
-        audit = _audit_record(workdir) or {}
         if audit.get("returncode", 0) not in (0, audit_lib.NOTHING_TO_AUDIT):
             log = os.path.join(workdir, "log.txt")
             failed.append({**key, "log": log, "last_line": f"audit: {_last_line(log)}"})
@@ -628,11 +930,66 @@ def collect(out: str, family: str) -> tuple[list[dict], list[dict]]:
                 "best_epoch": best_epoch,
                 "best_in_warmup": _best_in_warmup(workdir, best_epoch),
                 "fallback_share": _finite(results.get("fallback_share")),
-                "wall_s": _finite(record.get("wall_s")),
+                "wall_s": _finite(record.get("wall_s")) if record.get("returncode") == 0 else None,
             }
         )
     finished.sort(key=lambda r: _row_order(family, r))
-    return finished, failed
+    return Runs(finished, failed, damaged)
+
+
+def _run_of(workdir: str, out: str, family: str) -> Run:
+    """The run whose folder ``workdir`` (``<out>/runs/<family>/*/*/rate*/seed*``) is.
+
+    Raises:
+      ValueError: ``workdir``'s name is not one the report gives (a copied or renamed
+        folder: ``seed0 copy``, ``rate0.40``).
+    """
+    root = os.path.join(out, "runs", family)
+    method, world, rate, seed = os.path.relpath(workdir, root).split(os.sep)
+    try:
+        run = Run(family, method, world, float(rate[4:]), int(seed[4:]))
+    except ValueError:
+        run = None
+    if run is None or run.workdir(out) != workdir:
+        raise ValueError(
+            f"{workdir} is not a run folder of the report (rate<rate>/seed<seed>, e.g. "
+            f"rate0.4/seed0): a copied or renamed folder? Move it out of {root}."
+        )
+    return run
+
+
+def _run_files(workdir: str, run: Run, out: str) -> tuple[dict, dict | None, dict]:
+    """The run's ``report_run.json``, ``results.json`` (None: not finished) and
+    ``report_audit.json`` (``{}`` when missing).
+
+    Raises:
+      DamagedFile: one of them is not a JSON object, ``results.json`` lacks the family's
+        metric, or the folder holds another run (``_copied``); the message says what to do.
+    """
+    fixes = {
+        RECORD: "delete it: the run is then tabulated without its wall time",
+        "results.json": "delete it and rerun the sweep: train.py tests the run again from its "
+        "checkpoints",
+        AUDIT_RECORD: "rerun the sweep: it audits the run again",
+    }
+    files = {}
+    for name, fix in fixes.items():
+        path = os.path.join(workdir, name)
+        try:
+            files[name] = _read_json(path) if os.path.exists(path) else None
+        except DamagedFile as e:
+            raise DamagedFile(f"{e}; {fix}.") from None
+    metric = FAMILIES[run.family].metric
+    results = files["results.json"]
+    if results is not None and metric not in results:
+        raise DamagedFile(
+            f"{os.path.join(workdir, 'results.json')} has no {metric!r}: not a run of family "
+            f"{run.family}. Move the run folder out of {os.path.join(out, 'runs', run.family)}."
+        )
+    copied = _copied(workdir, run, out)
+    if copied is not None:
+        raise DamagedFile(copied)
+    return files[RECORD] or {}, results, files[AUDIT_RECORD] or {}
 
 
 def _row_order(family: str, r: dict) -> tuple:
@@ -790,8 +1147,10 @@ def markdown(
     plot_name: str | None,
     *,
     noisy_val: bool = False,
+    damaged: Sequence[dict] = (),
 ) -> str:
-    """The report as markdown (``noisy_val``: the runs' real-world validation lied)."""
+    """The report as markdown (``noisy_val``: the runs' real-world validation lied;
+    ``damaged``: ``scan``'s damaged runs)."""
     f = FAMILIES[family]
     what = "noisy correspondence" if family == worlds.PAIRS else "noisy labels"
     seeds = sorted({r["seed"] for r in finished})
@@ -830,10 +1189,12 @@ def markdown(
             "",
         ]
     if sweep_info:
+        refused = sweep_info.get("refused", 0)
         lines += [
             f"Last sweep: `{sweep_info['command']}`, {sweep_info['started']} runs started, "
-            f"{sweep_info['skipped']} skipped, {sweep_info['failed']} failed, wall time "
-            f"{sweep_info['wall_s']:.0f} s (finished {sweep_info['finished']}).",
+            f"{sweep_info['skipped']} skipped, {sweep_info['failed']} failed, "
+            + (f"{refused} not started (refused), " if refused else "")
+            + f"wall time {sweep_info['wall_s']:.0f} s (finished {sweep_info['finished']}).",
             "",
         ]
     if plot_name:
@@ -890,6 +1251,12 @@ def markdown(
                 f"| {r['method']} | {r['world']} | {r['rate']:g} | {r['seed']} | {r['log']} | "
                 f"{last} |"
             )
+    if damaged:
+        lines += ["", "## Damaged runs", "", "Left out of the tables above.", ""]
+        lines += ["| run folder | problem |", "|---|---|"]
+        for d in damaged:
+            problem = d["problem"].replace("|", "\\|")
+            lines.append(f"| {d['workdir']} | {problem} |")
     timed = [r for r in finished if r["wall_s"] is not None]
     lines += [
         "",
@@ -975,14 +1342,20 @@ def plot(rows: Sequence[dict], family: str, path: str) -> None:
 def report(out: str, family: str, sweep_info: dict | None = None) -> dict[str, str]:
     """Writes the csv, markdown and plot of the finished runs under ``out``; returns their
     paths. ``sweep_info`` (a sweep's command, counts and wall time) is saved in
-    ``<out>/sweep_<family>.json`` and read back when None."""
+    ``<out>/sweep_<family>.json`` and read back when None. A damaged run (``scan``) is left
+    out of the tables, named in the markdown and in a warning on stderr."""
     info_path = os.path.join(out, f"sweep_{family}.json")
     if sweep_info is not None:
         with open(info_path, "w") as f:
             json.dump(sweep_info, f, indent=2)
     elif os.path.exists(info_path):
-        sweep_info = _read_json(info_path)
-    finished, failed = collect(out, family)
+        try:
+            sweep_info = _read_json(info_path)
+        except DamagedFile as e:
+            print(f"Warning: {e}; the report says nothing of the last sweep.", file=sys.stderr)
+    finished, failed, damaged = scan(out, family)
+    for d in damaged:
+        print(f"Warning: left out of the tables: {d['problem']}", file=sys.stderr, flush=True)
     rows = summarise(finished, family)
     paths = {
         "csv": os.path.join(out, f"report_{family}.csv"),
@@ -997,7 +1370,16 @@ def report(out: str, family: str, sweep_info: dict | None = None) -> dict[str, s
             for _, record in _records(out, family)
         )
         f.write(
-            markdown(rows, finished, failed, family, sweep_info, plot_name, noisy_val=noisy_val)
+            markdown(
+                rows,
+                finished,
+                failed,
+                family,
+                sweep_info,
+                plot_name,
+                noisy_val=noisy_val,
+                damaged=damaged,
+            )
         )
     if rows:
         plot(rows, family, paths["png"])
@@ -1020,54 +1402,126 @@ def _ints(values: Sequence[str]) -> list[int]:
         raise ValueError(f"--seeds must be integers, got {list(values)}.") from None
 
 
+def check_out(out: str) -> None:
+    """Creates the folder ``out`` (``--out``) when it is missing.
+
+    Raises:
+      ValueError: ``out`` is a file, or cannot be created or written (permissions, a
+        read-only file system).
+    """
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(
+            f"--out={out} is a file, not a folder: pass a folder (it is created when missing)."
+        )
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"--out={out} cannot be written ({e.strerror or e}): make it writable, or pass "
+            "another --out."
+        ) from None
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM's handler in ``main``: the sweep stops as after Ctrl-C."""
+    raise Interrupted(signum)
+
+
 def main(argv):
+    """The sweep (unless ``--aggregate_only``) and the report of ``--out``. A refusal,
+    Ctrl-C (exit 130) and SIGTERM (exit 143) are one line on stderr, the runs in flight
+    ended (``sweep``); the exit status is not 0 when a run failed or was refused."""
     from absl import app, flags
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    cfg = flags.FLAGS
-    os.makedirs(cfg.out, exist_ok=True)
-    failed = 0
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        problem = _sweep_and_report(flags.FLAGS)
+    except (KeyboardInterrupt, Interrupted) as e:
+        sig = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.Signals(e.args[0])
+        what = "Interrupted" if sig == signal.SIGINT else f"Terminated ({sig.name})"
+        print(f"{what}; run the same command to resume.", file=sys.stderr, flush=True)
+        sys.exit(128 + sig)
+    except (ValueError, OSError, real_worlds.MissingPackage) as e:
+        sys.exit(f"{type(e).__name__}: {e}")
+    if problem:
+        sys.exit(problem)
+
+
+def _sweep_and_report(cfg) -> str | None:
+    """``main``'s work with the flags ``cfg``; what went wrong with runs, or None."""
+    check_out(cfg.out)
+    failed = refused = 0
     sweep_info = None
     if not cfg.aggregate_only:
-        try:
-            runs = plan(cfg.family, cfg.methods, cfg.worlds, _floats(cfg.rates), _ints(cfg.seeds))
-            start = time.perf_counter()
-            outcomes = sweep(
-                runs,
-                cfg.out,
-                jobs=cfg.jobs,
-                quick=cfg.quick,
-                sets=cfg.set,
-                noisy_val=cfg.noisy_val,
-            )
-        except (ValueError, FileNotFoundError, real_worlds.MissingPackage) as e:
-            sys.exit(f"{type(e).__name__}: {e}")
+        runs = plan(cfg.family, cfg.methods, cfg.worlds, _floats(cfg.rates), _ints(cfg.seeds))
+        start = time.perf_counter()
+        outcomes = sweep(
+            runs,
+            cfg.out,
+            jobs=cfg.jobs,
+            quick=cfg.quick,
+            sets=cfg.set,
+            noisy_val=cfg.noisy_val,
+        )
         wall = time.perf_counter() - start
         failed = sum(_failed(o) for o in outcomes)
+        refused = sum(o.refused is not None for o in outcomes)
         sweep_info = {
             "command": " ".join(["python -m ncljax.report", *sys.argv[1:]]),
             "settings": _settings(cfg.quick, cfg.set, cfg.noisy_val),
             "started": sum(o.returncode is not None for o in outcomes),
-            "skipped": sum(o.returncode is None for o in outcomes),
+            "skipped": sum(o.returncode is None and o.refused is None for o in outcomes),
             "audited": sum(o.audit_code is not None for o in outcomes),
             "failed": failed,
+            "refused": refused,
             "wall_s": wall,
             "finished": _now(),
         }
         print(
             f"Sweep: {len(runs)} runs, {sweep_info['started']} started, "
             f"{sweep_info['skipped']} skipped, {failed} failed, {sweep_info['audited']} "
-            f"audited, {wall:.0f} s.",
+            f"audited, "
+            + (f"{refused} not started (refused), " if refused else "")
+            + f"{wall:.0f} s.",
             flush=True,
         )
     try:
         paths = report(cfg.out, cfg.family, sweep_info)
     except ModuleNotFoundError as e:
-        sys.exit(str(e))
+        return str(e)
     print("Report: " + ", ".join(paths.values()))
-    if failed:
-        sys.exit(f"{failed} run(s) failed (training or audit); see the lines above and the logs.")
+    problems = [f"{failed} run(s) failed (training or audit)"] if failed else []
+    if refused:
+        problems.append(f"{refused} run(s) not started (refused)")
+    return f"{', '.join(problems)}; see the lines above and the logs." if problems else None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, a bad flag in one line (``--set``: the form its value takes)
+    instead of absl's two with "Pass --helpshort"."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        if re.search(r"flag --set\b", str(e)):
+            sys.exit(
+                f"{e}: pass --set=<field>=<value>, e.g. --set=train.epochs=3 (one --set per field)."
+            )
+        sys.exit(f"{str(e).rstrip('.')} (python -m ncljax.report --helpshort lists the flags).")
+
+
+def cli() -> None:
+    """``python -m ncljax.report``: the flags (``define_flags``, ``parse_flags``), then
+    ``main``."""
+    from absl import app
+
+    define_flags()
+    app.run(main, flags_parser=parse_flags)
 
 
 def define_flags() -> None:
@@ -1098,7 +1552,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    define_flags()
-    app.run(main)
+    cli()
