@@ -176,13 +176,7 @@ _WEAK = (
 
 
 SCORES = {
-    "ncr": _Score(
-        "the GMM posterior that the pair is clean (co-divide)",
-        _gmm_threshold,
-        _WEAK.format(
-            name="NCR", auc="0.54-0.64 on MNIST halves at 40-60% mismatched", gsc="0.97-0.98"
-        ),
-    ),
+    "ncr": _Score("the GMM posterior that the pair is clean (co-divide)", _gmm_threshold),
     "pc2": _Score("the GMM posterior that the pair is clean (co-divide)", _gmm_threshold),
     "gsc": _Score("the consistency label min(cross-modal, intra-modal)", _gsc_threshold),
     "srem": _Score(

@@ -34,8 +34,6 @@ KNOWN_SHORT = {
     ("digits", 0.4, "ugncl", "rsum"),
     ("mnist5k", 0.6, "ugncl", "rsum"),
     ("mnist5k", 0.6, "ugncl", "audit_auc"),
-    ("mnist5k", 0.4, "ncr", "audit_auc"),
-    ("mnist5k", 0.6, "ncr", "audit_auc"),
 }
 
 
