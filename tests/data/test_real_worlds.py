@@ -229,3 +229,27 @@ def test_a_missing_package_is_one_line_saying_what_to_install(monkeypatch):
 def test_an_unknown_world_is_refused():
     with pytest.raises(ValueError, match="Unknown real world 'mnist'"):
         real_worlds.get("mnist")
+
+
+def test_a_synthetic_vectors_world_is_the_generators_first_captions(tmp_path):
+    # The oracle: the folder vectors.from_synthetic writes for the same world, nothing
+    # mismatched (its train split is the generator's, in order; every caption written).
+    world = real_worlds.get("vec_small_global")
+    assert world.sizes == (1500, 200, 500) and world.num_classes > 1
+    halves = real_worlds.load("vec_small_global")
+    assert halves.images.shape[0] == halves.texts.shape[0] == halves.labels.size == 2200
+    folder = str(tmp_path / "folder")
+    vectors.from_synthetic(folder, world="small_global", noise_rate=0.0, labels=True)
+    images = np.load(vectors.path_of(folder, "train", "images"))
+    texts = np.load(vectors.path_of(folder, "train", "texts"))
+    cpi = texts.shape[0] // images.shape[0]
+    np.testing.assert_array_equal(halves.images[:1500], images)
+    np.testing.assert_array_equal(halves.texts[:1500], texts[::cpi])
+    np.testing.assert_array_equal(
+        halves.labels[:1500], np.load(vectors.path_of(folder, "train", "labels"))
+    )
+    splits = real_worlds.clean_splits("vec_small_global")  # split as every world is
+    assert [splits[s]["images"].shape[0] for s in SPLITS] == [1500, 200, 500]
+    assert {f"vec_{w}" for w in ("default", "large_global", "strong_classes")} <= set(
+        real_worlds.names()
+    )
