@@ -13,35 +13,52 @@ reported in one line; ``-v 1`` shows the whole traceback.
 import os
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser as _ConfigFileParser
 
+from ncljax import cli
 from ncljax.train import checkpoint, presets, train_and_evaluate
 from ncljax.train import config as config_lib
 from ncljax.train.checkpoint import CheckpointError
 from ncljax.train.rundir import WorkdirLocked
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/quickstart.py[:quick].", lock_config=True
-)
+try:  # ml_collections reads the command line's --flagfile here, before absl parses it
+    _CONFIG = config_flags.DEFINE_config_file(
+        "config", None, "Config file, e.g. configs/quickstart.py[:quick].", lock_config=True
+    )
+except flags.CantOpenFlagFileError as e:
+    sys.exit(f"{str(e).removeprefix('ERROR:: ')}: pass an existing --flagfile.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 flags.mark_flag_as_required("config")
 
 
 def parse_flags(argv):
-    """absl flag parsing, with one clear line for a config override naming no field and
-    for a config file that refuses its argument (``configs/vse.py:synthetci``)."""
+    """absl flag parsing, each refusal in one line (``-v 1``: absl's report, or the
+    traceback of a config file that fails to load): a config override naming no field or
+    of the wrong type, a config file that refuses its argument (``configs/vse.py:synthetci``)
+    or cannot be loaded (not Python, no ``get_config``, an error inside it), a missing
+    ``--config``, an unknown flag and an argument that is not a flag."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
     except flags.Error as e:  # parsing again would define the override flags twice
         refusal = _config_file_refusal(e)
-        if refusal is None or _verbose(argv):  # absl's report: the whole message
+        if refusal is None:
+            refusal = _load_failure(e, argv)
+        if _verbose(argv):  # absl's report: the whole message
             refusal = (
                 f"FATAL Flags parsing error: {e}\n"
                 "Pass --helpshort or --helpfull to see help on flags."
             )
+        elif refusal is None:
+            refusal = _flag_refusal(e)
         sys.exit(refusal)
     except (AttributeError, KeyError) as e:  # raised by ml_collections for unknown fields
+        if _loading_config_file(e):  # the file has no get_config
+            if _verbose(argv):
+                raise
+            sys.exit(_load_failure(e, argv))
         hint = str(e).strip("'\"").replace("\\n", " ").replace("\\'", "'")
         overrides = [a for a in argv[1:] if a.startswith("--config.")]
         names = [a.split("=", 1)[-1] for a in overrides if a.startswith("--config.data.name=")]
@@ -55,6 +72,86 @@ def parse_flags(argv):
             f"Unknown config field in {overrides}: {hint}. All fields and their defaults "
             "are listed in ncljax/train/config.py."
         )
+    except Exception as e:
+        if not _loading_config_file(e) or _verbose(argv):
+            raise
+        sys.exit(_load_failure(e, argv))
+    if len(rest) > 1:
+        sys.exit(cli.unexpected_arguments(rest[1:], "python train.py"))
+    return rest
+
+
+def _flag_refusal(error: flags.Error) -> str:
+    """One line for a flag error: a missing ``--config`` names a config file to pass."""
+    line = cli.describe_flag_error(error, "python train.py")
+    if line.startswith("--config is required"):
+        return (
+            "--config is required: pass a config file and its argument, e.g. "
+            "--config=configs/gsc.py:vectors (python train.py --helpshort lists the flags)."
+        )
+    return line
+
+
+def _config_path(argv) -> str:
+    """The config file named by ``--config=`` (or ``--config FILE``) in ``argv``."""
+    path = ""
+    for i, a in enumerate(argv[1:], 1):
+        if a.startswith(("--config=", "-config=")):
+            path = a.split("=", 1)[1]
+        elif a in ("--config", "-config") and i + 1 < len(argv):
+            path = argv[i + 1]
+    if not os.path.isfile(path) and ":" in os.path.basename(path):  # 'file.py:arg'
+        path = path[: path.rindex(":")]
+    return path
+
+
+def _loading_config_file(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it wraps) was raised while ml_collections loaded the
+    ``--config`` file and ran its ``get_config`` (not while it applied an override)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            if isinstance(tb.tb_frame.f_locals.get("self"), _ConfigFileParser):
+                return True
+            tb = tb.tb_next
+        error = error.__context__
+    return False
+
+
+def _load_failure(error: BaseException, argv) -> str | None:
+    """One line for a ``--config`` file that cannot be loaded, or None when ``error`` did
+    not come from loading it: the file, the error and the line it points at."""
+    original = error
+    # absl wraps what the parser raised; ml_collections re-raises a TypeError or
+    # ValueError as a new one holding the traceback text: the original is further down.
+    while isinstance(original, flags.Error) or "Error whilst parsing config file" in str(original):
+        if original.__context__ is None:
+            break
+        original = original.__context__
+    if isinstance(error, flags.Error) and not _loading_config_file(error):
+        return None
+    path = _config_path(argv)
+    if isinstance(original, SyntaxError) and original.lineno:
+        where = f" (line {original.lineno})"
+    else:
+        tb, line = original.__traceback__, None
+        while tb is not None:
+            if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        where = f" (line {line})" if line else ""
+    text = original.msg if isinstance(original, SyntaxError) else str(original)
+    message = " ".join(str(text).split()) or "no message"
+    if isinstance(original, AttributeError) and "get_config" in message:
+        message = "it defines no get_config()"
+    return (
+        f"Config file {path} cannot be loaded: {type(original).__name__}: {message}{where}. "
+        "Fix the file (a Python file whose get_config(arg) returns an "
+        "ml_collections.ConfigDict, as configs/gsc.py), or pass another; -v 1 shows the "
+        "traceback."
+    )
 
 
 def _config_file_refusal(error: flags.Error) -> str | None:
@@ -91,11 +188,21 @@ def main(argv):
             f"Config file {path} not found; pass an existing file, e.g. configs/quickstart.py."
         )
     workdir = _WORKDIR.value
+    if workdir is not None and not workdir.strip():
+        sys.exit(
+            "--workdir is empty: pass the run's directory (e.g. --workdir=runs/mine), or leave "
+            "the flag out for runs/<config name>."
+        )
     if workdir is None:
         name = os.path.splitext(os.path.basename(path))[0]
         workdir = os.path.join("runs", "_".join(filter(None, [name, *arg.split(",")])))
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     config = _CONFIG.value
+    if not isinstance(config, ml_collections.ConfigDict):
+        sys.exit(
+            f"Config file {path}: get_config({arg!r}) returned {type(config).__name__}, not an "
+            "ml_collections.ConfigDict; return the config (as configs/gsc.py does)."
+        )
     try:
         if "data.name" in overrides:
             _switch_dataset(config, path, arg, overrides)

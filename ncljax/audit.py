@@ -204,7 +204,10 @@ _DEFAULT = _Score("the method's clean estimate (Method.clean_score_fn)", _half("
 
 def _load_config(workdir: str) -> ml_collections.ConfigDict:
     if not os.path.isdir(workdir):
-        raise FileNotFoundError(f"--workdir {workdir}: no such directory.")
+        what = "a file, not a directory" if os.path.exists(workdir) else "no such directory"
+        raise FileNotFoundError(
+            f"--workdir={workdir}: {what}; give the directory of a train.py run (its --workdir)."
+        )
     if not os.path.exists(os.path.join(workdir, "config.json")):
         raise FileNotFoundError(
             f"{workdir} holds no ncljax run (no config.json): give the --workdir of a train.py run."
@@ -698,6 +701,8 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app, flags
 
+    from ncljax import cli
+
     flags.DEFINE_string("workdir", None, "The run's directory (finished or interrupted).")
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("python -m ncljax.audit"))

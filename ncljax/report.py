@@ -1399,9 +1399,51 @@ def _floats(values: Sequence[str]) -> list[float]:
 
 def _ints(values: Sequence[str]) -> list[int]:
     try:
-        return [int(v) for v in values]
+        seeds = [int(v) for v in values]
     except ValueError:
         raise ValueError(f"--seeds must be integers, got {list(values)}.") from None
+    if any(not 0 <= s < 2**63 for s in seeds):  # a run's seed field (ncljax.train.fields)
+        raise ValueError(f"--seeds must be integers in [0, 2**63), got {list(values)}.")
+    return seeds
+
+
+def _named(values: Sequence[str] | None, flag: str, example: str) -> Sequence[str] | None:
+    """``--methods``/``--worlds``: None (the flag left out: the defaults) or a non-empty
+    list; an empty one (``--methods=``, an empty shell variable) names nothing rather than
+    everything."""
+    if values is not None and not [v for v in values if v.strip()]:
+        raise ValueError(
+            f"--{flag} is empty: name at least one (e.g. --{flag}={example}), or leave the "
+            "flag out for all of the family's."
+        )
+    return values
+
+
+def check_aggregate_out(out: str, family: str) -> None:
+    """``--aggregate_only`` tabulates the runs a sweep wrote into ``out``: refuses an
+    ``out`` that does not exist (it is not created) or holds no run of ``family``, so a
+    mistyped --out or --family is not an empty table.
+
+    Raises:
+      ValueError: naming the folder, the families it holds, and what to pass.
+    """
+    if not os.path.exists(out):
+        raise ValueError(
+            f"--out={out} does not exist: --aggregate_only tabulates the runs a sweep wrote "
+            "into its --out; pass that folder."
+        )
+    root = os.path.join(out, "runs", family)
+    if os.path.isdir(out) and not glob.glob(os.path.join(root, "*", "*", "rate*", "seed*")):
+        held = sorted(
+            f
+            for f in FAMILIES
+            if glob.glob(os.path.join(out, "runs", f, "*", "*", "rate*", "seed*"))
+        )
+        found = f"; it holds runs of --family={', '.join(held)}" if held else ""
+        raise ValueError(
+            f"--out={out} holds no runs of family {family!r} (nothing in {root}){found}: pass "
+            "the --out (and --family) of a sweep."
+        )
 
 
 def check_out(out: str) -> None:
@@ -1455,11 +1497,21 @@ def main(argv):
 
 def _sweep_and_report(cfg) -> str | None:
     """``main``'s work with the flags ``cfg``; what went wrong with runs, or None."""
+    if cfg.aggregate_only and not os.path.exists(cfg.out):  # not created: a typo
+        check_aggregate_out(cfg.out, cfg.family)
     check_out(cfg.out)
+    if cfg.aggregate_only:
+        check_aggregate_out(cfg.out, cfg.family)
     failed = refused = 0
     sweep_info = None
     if not cfg.aggregate_only:
-        runs = plan(cfg.family, cfg.methods, cfg.worlds, _floats(cfg.rates), _ints(cfg.seeds))
+        runs = plan(
+            cfg.family,
+            _named(cfg.methods, "methods", "gsc,infonce"),
+            _named(cfg.worlds, "worlds", "small_global"),
+            _floats(cfg.rates),
+            _ints(cfg.seeds),
+        )
         start = time.perf_counter()
         outcomes = sweep(
             runs,
@@ -1507,14 +1559,19 @@ def parse_flags(argv: list[str]) -> list[str]:
     instead of absl's two with "Pass --helpshort"."""
     from absl import flags
 
+    from ncljax import cli as cli_lib
+
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
     except flags.Error as e:
         if re.search(r"flag --set\b", str(e)):
             sys.exit(
                 f"{e}: pass --set=<field>=<value>, e.g. --set=train.epochs=3 (one --set per field)."
             )
-        sys.exit(f"{str(e).rstrip('.')} (python -m ncljax.report --helpshort lists the flags).")
+        sys.exit(cli_lib.describe_flag_error(e, "python -m ncljax.report"))
+    if len(rest) > 1:  # absl's usage error would print the whole help
+        sys.exit(cli_lib.unexpected_arguments(rest[1:], "python -m ncljax.report"))
+    return rest
 
 
 def cli() -> None:

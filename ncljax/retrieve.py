@@ -141,7 +141,7 @@ def load(workdir: str, split: str = "test") -> Run:
             "command again to finish it, then retrieve with it."
         )
     method = methods.build_method(config.method, config.method_kwargs, config.model)
-    mesh = mesh_lib.make_mesh(config.train.num_devices)
+    mesh = mesh_lib.evaluation_mesh(config)
     with jax.set_mesh(mesh):
         evaluator, state = ensemble.load_run(workdir, mesh)
         encoded = evaluator.encode(state, split)
@@ -377,17 +377,30 @@ def export(run: Run, folder: str) -> list[str]:
       ValueError: as :func:`embeddings`.
       OSError: ``folder`` cannot be written.
     """
+    check_export_folder(run.config, folder)
     image_emb, text_emb = embeddings(run)
+    try:
+        return _write_export(run, folder, image_emb, text_emb)
+    except OSError as e:
+        what = "is a file, not a folder" if os.path.isfile(folder) else "cannot be written"
+        raise OSError(
+            f"--export={folder} {what} ({e.strerror or e}): pass a folder you can write (it "
+            "is created when missing)."
+        ) from None
+
+
+def _write_export(run: Run, folder: str, image_emb, text_emb) -> list[str]:
     os.makedirs(folder, exist_ok=True)
     prefix = os.path.join(folder, run.split)
     written = []
     for name, array in (("image_emb", image_emb), ("text_emb", text_emb)):
-        np.save(f"{prefix}_{name}.npy", array)
+        _replace(f"{prefix}_{name}.npy", lambda f, array=array: np.save(f, array), binary=True)
         written.append(f"{prefix}_{name}.npy")
     for name, lines in (("image_ids", run.image_ids), ("captions", run.captions)):
         if lines is not None:
-            with open(f"{prefix}_{name}.txt", "w", encoding="utf-8") as f:
-                f.writelines(f"{line}\n" for line in lines)
+            _replace(
+                f"{prefix}_{name}.txt", lambda f, lines=lines: f.writelines(f"{x}\n" for x in lines)
+            )
             written.append(f"{prefix}_{name}.txt")
     manifest = {
         "split": run.split,
@@ -401,10 +414,45 @@ def export(run: Run, folder: str) -> list[str]:
         "similarity its evaluation ranks by (rows have unit norm)",
         "caption_of_image": "caption k describes image k // captions_per_image",
     }
-    with open(f"{prefix}_export.json", "w") as f:
-        json.dump(manifest, f, indent=2)
+    _replace(f"{prefix}_export.json", lambda f: json.dump(manifest, f, indent=2))
     written.append(f"{prefix}_export.json")
     return written
+
+
+def _replace(path: str, write_fn, binary: bool = False) -> None:
+    """Writes ``path`` through a temporary file and a rename: an export stopped partway
+    leaves whole files (the previous export's or the new one's), never half of one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as f:
+            write_fn(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def check_export_folder(config, folder: str) -> None:
+    """Refuses to export into the run's own vectors folder: the export's
+    ``{split}_image_ids.txt`` and ``{split}_captions.txt`` would replace the folder's (with
+    other line ends or a byte-order mark dropped, the run's fingerprint of its files no
+    longer matches, and the run can no longer be audited or retrieved with).
+
+    Raises:
+      ValueError: naming the folder and what to pass instead.
+    """
+    data_folder = config.data.get("folder") if config.data.name == "vectors" else None
+    same = (
+        data_folder
+        and os.path.isdir(folder)
+        and os.path.isdir(data_folder)
+        and os.path.samefile(folder, data_folder)
+    )
+    if same:
+        raise ValueError(
+            f"--export={folder} is the run's data.folder: the export would replace its "
+            "files; pass another folder (e.g. the run's workdir/embeddings)."
+        )
 
 
 # ----------------------------------------------------------------------------- the command
@@ -448,13 +496,24 @@ def image_of_id(run: Run, image_id: str) -> int:
 
 def parse_candidates(text: str) -> list[int]:
     """``'4,90,311'`` (or a file of whitespace-separated indices) -> ``[4, 90, 311]``."""
+    source = text
     if os.path.isfile(text):
-        with open(text) as f:
-            text = ",".join(f.read().split())
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = ",".join(f.read().split())
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else "not UTF-8 text"
+            raise ValueError(
+                f"--candidates={source} cannot be read ({reason}); pass a text file of "
+                "whitespace- or comma-separated indices, or the indices themselves (4,90,311)."
+            ) from None
+        source = f"{source}: the file ({text[:60]!r})"
+    else:
+        source = repr(text[:80])
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items or not all(item.isascii() and item.isdigit() for item in items):
         raise ValueError(
-            f"--candidates={text[:80]!r} is not a list of indices; pass comma-separated "
+            f"--candidates={source} is not a list of indices; pass comma-separated "
             "non-negative integers (4,90,311) or a file of them."
         )
     return [int(item) for item in items]
@@ -537,7 +596,9 @@ def main(argv):
             parse_query(f.query)  # a malformed query is refused before the run is loaded
         candidates = None if f.candidates is None else parse_candidates(f.candidates)
         if f.export is not None:  # refused before the split is encoded
-            check_exportable(ensemble.load_config(f.workdir), f.workdir)
+            config = ensemble.load_config(f.workdir)
+            check_exportable(config, f.workdir)
+            check_export_folder(config, f.export)
         run = load(f.workdir, f.split)
         if f.export is not None:
             for path in export(run, f.export):
@@ -559,6 +620,8 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app, flags
 
+    from ncljax import cli
+
     flags.DEFINE_string("workdir", None, "A finished run's directory.")
     flags.DEFINE_string("split", "test", "The split to retrieve from: train, val or test.")
     flags.DEFINE_string("query", None, "image:N, caption:N or id:IMAGE_ID (vectors folders).")
@@ -568,4 +631,4 @@ if __name__ == "__main__":
     )
     flags.DEFINE_string("export", None, "Folder for the split's embeddings (cosine head).")
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("python -m ncljax.retrieve"))

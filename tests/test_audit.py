@@ -241,7 +241,8 @@ def test_command_line(runs, tmp_path):
     code, _, stderr = _cli(tmp_path / "nowhere")
     assert code == 1
     assert _one_line(stderr) == (
-        f"FileNotFoundError: --workdir {tmp_path / 'nowhere'}: no such directory."
+        f"FileNotFoundError: --workdir={tmp_path / 'nowhere'}: no such directory; give the "
+        "directory of a train.py run (its --workdir)."
     )
 
 

@@ -378,3 +378,36 @@ def test_a_set_without_a_value_is_one_line(fake_train, tmp_path):
     line = _one_line(stderr)
     assert code != 0 and "--set" in line and "--set=<field>=<value>" in line
     assert "helpshort" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        # An empty list (an empty shell variable) started every method / world of the family.
+        (["--methods=", "--worlds=small_global"], "--methods is empty: name at least one"),
+        (["--methods=vse", "--worlds="], "--worlds is empty: name at least one"),
+        # Each run then failed in train.py ("expected non-negative integer").
+        (["--methods=vse", "--worlds=small_global", "--seeds=-1"], "--seeds must be integers in"),
+        # absl's usage error printed the whole help.
+        (["--methods=vse", "stray"], "Unexpected arguments ['stray']"),
+    ],
+)
+def test_sweep_flags_that_name_nothing_are_one_line(fake_train, tmp_path, args, says):
+    out = tmp_path / "out"
+    code, _, stderr = _run_cli(fake_train, f"--out={out}", "--rates=0.4", *args)
+    assert code != 0 and says in _one_line(stderr)
+    assert not os.path.exists(out / "runs")  # nothing was started
+
+
+def test_aggregate_only_refuses_an_out_without_runs_of_the_family(fake_train, tmp_path):
+    # A mistyped --out was created and given an empty table, exit status 0.
+    typo = tmp_path / "typo"
+    code, _, stderr = _run_cli(fake_train, f"--out={typo}", "--aggregate_only")
+    assert code != 0 and f"--out={typo} does not exist" in _one_line(stderr)
+    assert not os.path.exists(typo)
+    out = tmp_path / "out"
+    os.makedirs(out / "runs" / "labels" / "ce" / "labels_default" / "rate0.4" / "seed0")
+    code, _, stderr = _run_cli(fake_train, f"--out={out}", "--aggregate_only")
+    line = _one_line(stderr)
+    assert code != 0 and "holds no runs of family 'pairs'" in line and "--family=labels" in line
+    assert os.listdir(out) == ["runs"]  # no report written

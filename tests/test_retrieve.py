@@ -9,6 +9,7 @@ columns."""
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,25 @@ def test_rankings_on_eight_devices_equal_one(vse, tmp_path):
         _assert_matrix_order(retrieve.rank_images(run, k), sim[:, k])
 
 
+def test_a_run_trained_on_more_devices_than_visible_is_retrieved_and_ensembled(vse, tmp_path):
+    # A run trained on 16 devices, read on a machine with the tests' 8: retrieval and
+    # ensembles were refused ("train.num_devices=16 but 8 devices are visible; use 0 ...",
+    # a field the reader cannot set).
+    workdir, _, sim = vse
+    copy = tmp_path / "sixteen"
+    shutil.copytree(workdir, copy)
+    saved = json.loads((copy / "config.json").read_text())
+    saved["train"]["num_devices"] = 16
+    (copy / "config.json").write_text(json.dumps(saved))
+    run = retrieve.load(str(copy))
+    assert run.mesh.size == 8
+    for i in (0, 63):
+        _assert_matrix_order(retrieve.rank_captions(run, i), sim[i])
+    alone = json.loads((copy / "results.json").read_text())
+    pooled = ensemble.evaluate_ensemble([str(copy)])
+    assert pooled == pytest.approx({k: alone[k] for k in pooled}, abs=1e-6)
+
+
 def test_candidates_are_reranked_in_the_matrix_order(vse):
     _, run, sim = vse
     captions = np.array([300, 5, 17, 16, 15, 250])
@@ -214,6 +234,44 @@ def test_queries_by_id_and_their_refusals(vse, gsc):
     for text in ("1,x", "", "-1"):
         with pytest.raises(ValueError, match=r"^--candidates=.* is not a list of indices"):
             retrieve.parse_candidates(text)
+
+
+def test_candidates_from_a_file_that_is_not_text_name_the_file(tmp_path):
+    # A binary file was "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff ...",
+    # naming neither the file nor the flag.
+    path = tmp_path / "shortlist.bin"
+    path.write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(ValueError, match=rf"^--candidates={path} cannot be read \(not UTF-8"):
+        retrieve.parse_candidates(str(path))
+    path.write_text("4 90\n311, x\n")
+    with pytest.raises(ValueError, match=rf"^--candidates={path}: the file .* is not a list"):
+        retrieve.parse_candidates(str(path))
+    path.write_text("4 90\n311\n")
+    assert retrieve.parse_candidates(str(path)) == [4, 90, 311]
+
+
+def test_an_export_into_the_runs_own_folder_is_refused(gsc, folder):
+    # --export=<the run's data.folder> replaced its test_captions.txt and
+    # test_image_ids.txt; with other line ends than the export's the run's fingerprint no
+    # longer matched, and the run could not be audited or retrieved with any more.
+    _, run, _ = gsc
+
+    def contents():
+        return {name: pathlib.Path(folder, name).read_bytes() for name in os.listdir(folder)}
+
+    before = contents()
+    with pytest.raises(ValueError, match=r"^--export=\S+ is the run's data.folder"):
+        retrieve.export(run, os.path.join(folder, "."))
+    assert contents() == before
+
+
+def test_an_export_folder_that_cannot_be_written_is_one_line(gsc, tmp_path):
+    # Was "FileExistsError: [Errno 17] File exists: '...'", with nothing to do about it.
+    _, run, _ = gsc
+    path = tmp_path / "a_file"
+    path.write_text("")
+    with pytest.raises(OSError, match=rf"^--export={path} is a file, not a folder .*: pass a"):
+        retrieve.export(run, str(path))
 
 
 def _command(*args):

@@ -111,6 +111,27 @@ def _folder(data_config) -> str:
     return folder
 
 
+def _present(path: str) -> bool:
+    """Whether the file ``path`` of a folder is there: a regular file (or a link to one),
+    False where nothing is.
+
+    Raises:
+      ValueError: something else holds its name (a folder, a link to nothing, a pipe), so
+        that it is neither read as absent nor opened (a pipe would block).
+    """
+    if os.path.isfile(path):
+        return True
+    if not os.path.lexists(path):
+        return False
+    if os.path.isdir(path):
+        what = "a folder"
+    elif os.path.islink(path) and not os.path.exists(path):
+        what = f"a link to {os.readlink(path)}, which does not exist"
+    else:
+        what = "not a regular file"
+    raise ValueError(f"{path} is {what}: put the file itself there, or remove it.")
+
+
 def _check_readable(path: str) -> None:
     """Refuses a file, or a folder, that this process may not read (its permissions):
     the files of a folder without them would look absent.
@@ -167,10 +188,12 @@ def read_header(path: str, save_as: str = "float32") -> NpyHeader:
                 (2, 0): np.lib.format.read_array_header_2_0,
             }.get(version)
             if read is None:
-                raise ValueError(f"format version {version} (save it with np.save)")
+                raise ValueError(f"format version {version}, which numpy cannot map")
             shape, fortran_order, dtype = read(f)
         except ValueError as e:
-            raise ValueError(f"{path} is not a .npy array file: {e}.") from None
+            raise ValueError(
+                f"{path} is not a .npy array file: {e}; write the array with np.save(path, array)."
+            ) from None
         offset = f.tell()
     header = NpyHeader(path, tuple(shape), np.dtype(dtype), fortran_order, offset)
     if header.dtype.hasobject:
@@ -354,7 +377,7 @@ def _locate(folder: str, require_labels: bool) -> dict[str, _SplitFiles]:
         split + EXTENSIONS[kind]
         for split in sources.SPLITS
         for kind in required
-        if not os.path.isfile(path_of(folder, split, kind))
+        if not _present(path_of(folder, split, kind))
     ]
     if missing:
         why = " (this config evaluates over class labels: data.require_labels=True)"
@@ -363,7 +386,7 @@ def _locate(folder: str, require_labels: bool) -> dict[str, _SplitFiles]:
             f"{why if require_labels and any('labels' in m for m in missing) else ''}: "
             f"{LAYOUT}."
         )
-    with_labels = [s for s in sources.SPLITS if os.path.isfile(path_of(folder, s, "labels"))]
+    with_labels = [s for s in sources.SPLITS if _present(path_of(folder, s, "labels"))]
     if with_labels and len(with_labels) < len(sources.SPLITS):
         absent = [s + EXTENSIONS["labels"] for s in sources.SPLITS if s not in with_labels]
         raise FileNotFoundError(
@@ -374,7 +397,7 @@ def _locate(folder: str, require_labels: bool) -> dict[str, _SplitFiles]:
     for split in sources.SPLITS:
         images, texts = _read_vectors(folder, split)
         optional = {
-            kind: path if os.path.isfile(path := path_of(folder, split, kind)) else None
+            kind: path if _present(path := path_of(folder, split, kind)) else None
             for kind in ("labels", "captions", "image_ids")
         }
         files[split] = _SplitFiles(images, texts, **optional)
@@ -603,7 +626,7 @@ def display_texts(data_config, split: str) -> tuple[list[str] | None, list[str] 
     files = {
         kind: path_of(folder, split, kind) for kind in ("images", "texts", "captions", "image_ids")
     }
-    present = {k: p if os.path.isfile(p) else None for k, p in files.items()}
+    present = {k: p if _present(p) else None for k, p in files.items()}
     for kind in ("images", "texts"):
         if present[kind] is None:
             raise FileNotFoundError(f"data.folder={folder} lacks {os.path.basename(files[kind])}.")

@@ -44,7 +44,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: {workdir} is not a finished ncljax run.")
+        raise FileNotFoundError(
+            f"{path} not found: {workdir} is not a finished ncljax run; give the --workdir "
+            "of a train.py run."
+        )
     with open(path) as f:
         try:
             resolved = json.load(f)
@@ -54,6 +57,15 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     missing = [k for k in needed if k not in resolved] if isinstance(resolved, dict) else needed
     if missing:
         raise ValueError(f"{path} is not the config of an ncljax run (it lacks {list(missing)}).")
+    sections = ("method_kwargs", "model", "train", *_SHARED)
+    not_objects = [k for k in sections if not isinstance(resolved[k], dict)]
+    if not_objects or not isinstance(resolved["method"], str):
+        what = not_objects or ["method"]
+        raise ValueError(
+            f"{path} is damaged: its {', '.join(map(repr, what))} "
+            f"{'is' if len(what) == 1 else 'are'} not what a run writes (sections are JSON "
+            "objects, the method a name); restore it from a copy, or train again."
+        )
     folder = resolved["data"].get("folder") if isinstance(resolved["data"], dict) else None
     if folder and not os.path.isabs(folder) and not os.path.isdir(folder):
         raise FileNotFoundError(
@@ -139,7 +151,7 @@ def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str,
             f"The runs combine similarities differently ({', '.join(map(repr, pools))} for "
             f"{list(workdirs)}); an ensemble needs one rule (Method.eval_pool)."
         )
-    mesh = mesh_lib.make_mesh(configs[0].train.num_devices)
+    mesh = mesh_lib.evaluation_mesh(configs[0])
     with jax.set_mesh(mesh):
         encoded = []
         for workdir in workdirs:
@@ -174,7 +186,9 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app, flags
 
+    from ncljax import cli
+
     flags.DEFINE_multi_string("workdir", None, "A finished run's directory (repeat).")
     flags.DEFINE_string("split", "test", "Split to evaluate.")
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("python -m ncljax.train.ensemble"))

@@ -4,7 +4,7 @@
 (train, eval, optim, model, data, noise). A row gives:
 
 - ``check``: the type and range of an accepted value (a ``Check``); None for a field any
-  value of which is accepted here (the booleans, the seeds, ``model.smooth``);
+  value of which is accepted here (the booleans, ``model.smooth``);
 - ``read``: the condition under which a run reads the field (a ``Read``); None for a
   field every run reads. Several fields are read only under a choice made elsewhere in
   the config: the MLP widths only by the cosine head, the SGRAF sizes only by the SGRAF
@@ -136,6 +136,8 @@ POSITIVE_INT = _integer(1, "a positive integer")
 NON_NEGATIVE_INT = _integer(0, "an integer >= 0")
 NON_NEGATIVE = _number(lambda x: x >= 0, "a number >= 0")
 FRACTION = _number(lambda x: 0 <= x < 1, "in [0, 1)")
+# numpy's generators take no negative seed, and JAX's keys none beyond int64.
+SEED = Check(lambda x: _is_int(x) and 0 <= x < 2**63, "an integer in [0, 2**63)")
 
 
 def _is(field: str, *values) -> Read:
@@ -239,6 +241,7 @@ def _file_only_with_file_kind(config) -> list[str]:
 
 
 FIELDS = (
+    Field("seed", SEED),
     # train
     Field("train.epochs", POSITIVE_INT, rule=_warmup_within_run),
     Field("train.batch_size", _integer(2, "an integer >= 2")),
@@ -327,7 +330,7 @@ FIELDS = (
     Field("noise.exact", read=PAIR_NOISE),
     Field("noise.shared_label", read=LABEL_NOISE),
     Field("noise.exclude_true", read=SYMMETRIC_NOISE),
-    Field("noise.seed", read=DRAWN_NOISE),
+    Field("noise.seed", SEED, DRAWN_NOISE),
 )
 
 

@@ -29,6 +29,19 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
     )
 
 
+def evaluation_mesh(config) -> jax.sharding.Mesh:
+    """The mesh on which a finished run is read again (retrieval, ensembles): its
+    ``train.num_devices`` where this machine has them; where it has fewer (a run trained
+    on 8 accelerators, retrieved on a laptop), the most of its devices that divide
+    ``eval.batch_size``. An evaluation's results do not depend on the device count (to
+    rounding), so a run is never refused for the devices it trained on."""
+    visible = len(jax.devices())
+    count = min(config.train.num_devices or visible, visible)
+    while count > 1 and config.eval.batch_size % count:
+        count -= 1
+    return make_mesh(count)
+
+
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     """Leading (batch) axis split over ``data``."""
     return NamedSharding(mesh, P(DATA_AXIS))

@@ -11,11 +11,12 @@ before anything is built from it or written::
 The first call checks the config alone: the data section belongs to ``data.name``, every
 field's type and range and the rules relating fields, and no non-default field goes
 unread (the table ``fields.FIELDS``); all of its problems come in one message. The later
-calls check what depends on the dataset (the training split holds a batch; label noise
-and ``eval.kind='map'`` need two classes), on the noise (``noise.rate`` agrees with the
-rate a noise file realises) and on the devices (the batches divide among them); each
-refuses the first problem it finds. Whether a split is large enough for the evaluation's
-metrics is the evaluator's check (``evaluator.check_splits``).
+calls check what depends on the dataset (the training split holds a batch, the run's
+steps fit its int32 step counter; label noise and ``eval.kind='map'`` need two classes),
+on the noise (``noise.rate`` agrees with the rate a noise file realises) and on the
+devices (the batches divide among them); each refuses the first problem it finds.
+Whether a split is large enough for the evaluation's metrics is the evaluator's check
+(``evaluator.check_splits``).
 
 Every refusal is a ``ValueError`` whose one-line message names the field, its value and
 the change to make.
@@ -107,22 +108,51 @@ def _check_data_section(config) -> None:
         )
 
 
+# The state counts steps and epochs in int32 (``state.TrainState``): a run longer than this
+# would wrap them around.
+MAX_STEPS = 2**31 - 1
+
+
 def _check_against_data(config, info) -> None:
-    """The batch fits the training split; label noise and mAP have two classes to work on."""
+    """The batch fits the training split, the run's steps fit the step counter; label
+    noise and mAP have two classes to work on."""
     _, train_pairs = info.split_sizes["train"]
     if config.train.batch_size > train_pairs:
         raise ValueError(
             f"train.batch_size={config.train.batch_size} is larger than the training split "
             f"({train_pairs} pairs); lower it to at most {train_pairs}."
         )
+    # At least one step per epoch and per batch of images (a run of pairs has more).
+    per_epoch = max(1, info.split_sizes["train"][0] // config.train.batch_size)
+    if config.train.epochs * per_epoch > MAX_STEPS:
+        raise ValueError(
+            f"train.epochs={config.train.epochs} makes at least "
+            f"{config.train.epochs * per_epoch} training steps ({per_epoch} per epoch), more "
+            f"than the run's int32 step counter holds ({MAX_STEPS}); lower "
+            "--config.train.epochs."
+        )
     if config.noise.kind in ("symmetric", "asymmetric") and info.num_classes < 2:
         raise ValueError(
-            f"Label noise needs at least 2 classes; {info.name} has {info.num_classes}."
+            f"Label noise needs at least 2 classes; {info.name} has {info.num_classes}"
+            f"{_classes_hint(info, 'noise.kind=none')}."
         )
     if config.eval.kind == "map" and info.num_classes < 2:
         raise ValueError(
-            f"eval.kind='map' needs at least 2 classes; {info.name} has {info.num_classes}."
+            f"eval.kind='map' needs at least 2 classes; {info.name} has {info.num_classes}"
+            f"{_classes_hint(info, 'eval.kind=recall')}."
         )
+
+
+def _classes_hint(info, other: str) -> str:
+    """What to do about a dataset with fewer than two classes."""
+    if info.name == "vectors":
+        where = (
+            "its folder has no {split}_labels.npy: add them (int class ids per image)"
+            if info.num_classes == 0
+            else "its {split}_labels.npy hold one class: give the images their classes"
+        )
+        return f" ({where}, or set --config.{other})"
+    return f" (set --config.{other})"
 
 
 def _check_noise_file(noise, realised_rate: float) -> None:

@@ -232,6 +232,30 @@ def test_a_file_that_is_not_npy_or_is_truncated_is_named(tmp_path):
         load(folder)
 
 
+def _replace_with(path, what):
+    os.remove(path)
+    if what == "folder":
+        os.mkdir(path)
+    elif what == "dangling link":
+        os.symlink(path + ".gone", path)
+    else:  # a pipe: opening it would wait for a writer
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("what", ["folder", "dangling link", "pipe"])
+@pytest.mark.parametrize("name", ["train_images.npy", "val_labels.npy", "test_captions.txt"])
+def test_a_file_name_held_by_something_else_is_named(tmp_path, what, name):
+    # A folder named train_captions.txt was read as no captions, and the run trained
+    # without them; a folder, link or pipe named train_images.npy was "missing".
+    folder = write(tmp_path, make_arrays(labels=True, texts=True))
+    _replace_with(os.path.join(folder, name), what)
+    with pytest.raises(ValueError, match=rf"^{re.escape(os.path.join(folder, name))} is (a|not)"):
+        load(folder)
+    if name.startswith("test"):  # display_texts reads the test split's texts too
+        with pytest.raises(ValueError, match="put the file itself there, or remove it"):
+            vectors.display_texts(folder, "test")
+
+
 def test_dimensions_that_differ_between_splits_name_the_files(tmp_path):
     message = _refused(tmp_path, _with("test", images=np.ones((11, 5), np.float32)))
     assert "different dimensions" in message
@@ -429,6 +453,15 @@ def test_an_impossible_header_is_refused_before_the_data_is_read(tmp_path, shape
         vectors.read_header(path)
     with pytest.raises(ValueError, match=f"^{re.escape(path)} {expected}"):
         load(folder)
+
+
+def test_a_header_numpy_cannot_read_says_how_to_write_the_file(tmp_path):
+    # "... is not a .npy array file: descr is not a valid dtype descriptor: '<zz'." said
+    # nothing of what to do.
+    path = str(tmp_path / "train_images.npy")
+    _write_npy(path, "<zz", (3, 2))
+    with pytest.raises(ValueError, match=r"descriptor: '<zz'; write the array with np\.save"):
+        vectors.read_header(path)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")

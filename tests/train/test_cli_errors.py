@@ -129,6 +129,11 @@ CASES = {
         "ValueError: The runs combine similarities differently ('logmeanexp', 'mean'",
     ),
     "bad split": (lambda w: None, ("--split=tset",), "ValueError: Unknown split 'tset'"),
+    "section not an object": (  # was a traceback: 'int' object has no attribute ...
+        lambda w: _edit_config(w, lambda c: c.__setitem__("model", 5)),
+        (),
+        "ValueError: {copy}/config.json is damaged: its 'model' is not what a run writes",
+    ),
     "no best checkpoint": (_no_best, (), "FileNotFoundError: {copy} finished but has no best"),
     "damaged best checkpoint": (
         _damaged_best,
@@ -176,3 +181,85 @@ def test_a_setting_whose_default_is_none_takes_a_command_line_value(tmp_path):
     assert code != 0
     line = _one_line(stderr)  # parsed; the missing folder is what stops it
     assert "not supported for overriding" not in line and "absent" in line, line
+
+
+# config files that cannot be loaded: (file text, what the one line says after the error)
+BROKEN_CONFIGS = {
+    "not python": ("This is not a config.\n", "SyntaxError: invalid syntax (line 1)"),
+    "nul bytes": ("\x00", "SyntaxError: source code string cannot contain null bytes"),
+    "no get_config": ("x = 1\n", "AttributeError: it defines no get_config()"),
+    "get_config raises": (
+        "def get_config(arg=None):\n    raise RuntimeError('boom')\n",
+        "RuntimeError: boom (line 2)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_CONFIGS))
+def test_a_config_file_that_cannot_be_loaded_is_one_line(tmp_path, case):
+    # A traceback of 35-52 lines ending in the error, or "Unknown config field in []".
+    text, says = BROKEN_CONFIGS[case]
+    path = tmp_path / "mine.py"
+    path.write_text(text)
+    code, stderr = _train_py(f"--config={path}", f"--workdir={tmp_path / 'run'}")
+    line = _one_line(stderr)
+    assert code != 0 and line.startswith(f"Config file {path} cannot be loaded: {says}"), line
+    assert "-v 1 shows the traceback" in line and not os.path.exists(tmp_path / "run")
+
+
+def test_a_config_file_returning_no_config_is_one_line(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("def get_config(arg=None):\n    return 3\n")  # AttributeError, traceback
+    code, stderr = _train_py(f"--config={path}", f"--workdir={tmp_path / 'run'}")
+    assert code != 0 and _one_line(stderr).startswith(
+        f"Config file {path}: get_config('') returned int, not an ml_collections.ConfigDict"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [  # absl's two lines ("FATAL Flags parsing error" and "Pass --helpshort ..."), a
+        # traceback (--flagfile), the whole help (a stray argument), or an errno message
+        ((), "--config is required: pass a config file and its argument"),
+        (
+            ("--config=configs/vse.py:synthetic,quick", "--config.train.epochs=2.5"),
+            "flag --config.train.epochs=2.5: invalid literal for int() with base 10: '2.5': "
+            "--config.train.epochs takes an int",
+        ),
+        (
+            ("--config=configs/vse.py:synthetic,quick", "--epochs=3"),
+            "Unknown command line flag 'epochs': check its spelling",
+        ),
+        (
+            ("--config=configs/vse.py:synthetic,quick", "stray"),
+            "Unexpected arguments ['stray']: python train.py takes only flags",
+        ),
+        (
+            ("--config=configs/vse.py:synthetic,quick", "--flagfile=/nonexistent/run.flags"),
+            "Unable to open flagfile: [Errno 2] No such file or directory: "
+            "'/nonexistent/run.flags': pass an existing --flagfile",
+        ),
+        (("--config=configs/vse.py:synthetic,quick", "--workdir="), "--workdir is empty: pass"),
+    ],
+)
+def test_flag_errors_are_one_line(args, says):
+    code, stderr = _train_py(*args)
+    line = _one_line(stderr)
+    assert code != 0 and line.startswith(says), line
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "says"),
+    [  # absl's two lines, or its usage error: the whole help (46-103 lines)
+        ("ncljax.audit", ("--workdir=x", "stray"), "Unexpected arguments ['stray']"),
+        ("ncljax.audit", (), "--workdir is required: pass --workdir=..."),
+        ("ncljax.retrieve", ("--workdir=x", "--k=abc"), "flag --k=abc: invalid literal for int()"),
+        ("ncljax.retrieve", ("--workdir=x", "--topk=3"), "Unknown command line flag 'topk'"),
+        ("ncljax.train.ensemble", ("--workdir=x", "stray"), "Unexpected arguments ['stray']"),
+    ],
+)
+def test_the_commands_flag_errors_are_one_line(module, args, says):
+    code, stderr = _run("-m", module, *args)
+    line = _one_line(stderr)
+    assert code != 0 and line.startswith(says), line
+    assert f"python -m {module} --helpshort lists" in line

@@ -184,3 +184,48 @@ def test_a_none_setting_keeps_its_type_for_overrides():
         defaults = {k: p.default for k, p in params.items() if k not in nones}
         assert {k: kwargs[k] for k in defaults} == defaults
     assert seen >= 2  # ncr's noisy_start_epoch, ugncl's max_log_evidence at least
+
+
+@pytest.mark.parametrize(("field", "value"), [("seed", -1), ("noise.seed", -1), ("seed", 2**63)])
+def test_a_seed_must_be_a_non_negative_integer(field, value):
+    # numpy's generators refused -1 with "expected non-negative integer", naming no field,
+    # after the workdir was made.
+    settings = {"noise.kind": "per_caption", field: value}
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value!r} must be an integer in")):
+        validation.check(_config(settings))
+    validation.check(_config({**settings, field: 0}))
+
+
+def _info(num_images: int, num_classes: int = 0, name: str = "vectors") -> sources.DatasetInfo:
+    return sources.DatasetInfo(
+        name=name,
+        captions_per_image=1,
+        num_classes=num_classes,
+        vocab_size=0,
+        max_length=0,
+        num_regions=0,
+        region_dim=0,
+        image_dim=4,
+        text_dim=4,
+        split_sizes={s: (num_images, num_images) for s in sources.SPLITS},
+    )
+
+
+def test_epochs_beyond_the_step_counter_are_refused():
+    # --config.train.epochs=99999999999999999999999 was accepted, and the run trained on
+    # (its int32 step and epoch counters would wrap around).
+    config = _config({"train.batch_size": 128, "train.epochs": 10**23})
+    with pytest.raises(ValueError, match=r"^train\.epochs=10+ makes at least 10+ training steps"):
+        validation.check(config, info=_info(128))
+    config.train.epochs = validation.MAX_STEPS // 2
+    validation.check(config, info=_info(256))  # two steps an epoch: the counter holds them
+    with pytest.raises(ValueError, match=r"lower --config\.train\.epochs"):
+        validation.check(config, info=_info(384))
+
+
+@pytest.mark.parametrize(("classes", "says"), [(0, "has no {split}_labels.npy"), (1, "one class")])
+def test_map_on_a_folder_without_classes_says_what_to_add(classes, says):
+    config = _config({"eval.kind": "map"})
+    with pytest.raises(ValueError, match=re.escape(says)) as e:
+        validation.check(config, info=_info(256, classes))
+    assert "--config.eval.kind=recall" in str(e.value)
