@@ -606,11 +606,11 @@ def audit(workdir: str) -> dict:
     _remove_stale(workdir)
     staging = os.path.join(workdir, f"{_STAGING}{os.getpid()}")
     try:
-        written = write_tables(scores, staging)
+        names = list(write_tables(scores, staging))
         plot_error = None
         try:
             plot(scores, os.path.join(staging, "scores.png"))
-            written["scores.png"] = ""
+            names.append("scores.png")
         except ModuleNotFoundError as e:
             plot_error = str(e)
         _swap_in(staging, out_dir)
@@ -622,7 +622,7 @@ def audit(workdir: str) -> dict:
         ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    paths = {name: os.path.join(out_dir, name) for name in written}
+    paths = {name: os.path.join(out_dir, name) for name in names}
     return {**summary(scores), "paths": paths, "plot_error": plot_error}
 
 
