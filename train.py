@@ -10,6 +10,12 @@ checkpoint (after Ctrl-C, which exits with code 130, too). A bad setting, file o
 reported in one line; ``-v 1`` shows the whole traceback.
 """
 
+# ruff: noqa: E402 (ncljax first: Ctrl-C during the imports below, which take seconds,
+# ends the command in one line)
+import ncljax
+
+ncljax._quiet_until_started()
+
 import os
 import sys
 
@@ -176,6 +182,7 @@ def _verbose(argv) -> bool:
 
 
 def main(argv):
+    cli.started()  # Ctrl-C from here on: KeyboardInterrupt, caught below
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if not flags.FLAGS["verbosity"].present:

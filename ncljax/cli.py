@@ -11,6 +11,7 @@ and says what to pass.
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,6 +50,15 @@ def unexpected_arguments(arguments: Sequence[str], program: str) -> str:
         f"Unexpected arguments {list(arguments)}: {program} takes only flags (--name=value; "
         f"quote a value that holds spaces; {program} --helpshort lists them)."
     )
+
+
+def started() -> None:
+    """Gives Ctrl-C back to ``KeyboardInterrupt`` once a command's imports are done (until
+    then ``ncljax._interrupted_while_starting`` ends the command in one line)."""
+    import ncljax
+
+    if signal.getsignal(signal.SIGINT) is ncljax._interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:

@@ -287,6 +287,37 @@ def check_sets(sets: Sequence[str]) -> None:
             )
 
 
+def check_set_fields(runs: Sequence[Run], sets: Sequence[str], quick: bool = False) -> None:
+    """Refuses, before any run starts, a ``--set`` whose field is in no run's config
+    (``--set=train.epoch=3``): each distinct config of ``runs`` is loaded as its
+    ``train.py`` would load it, and every field must be in each (a typo would otherwise
+    fail every run of the sweep, one at a time)."""
+    from ncljax.train import config as config_lib
+
+    fields = [s.partition("=")[0] for s in sets]
+    if not fields:
+        return
+    loaded = {}
+    for run in runs:
+        args = train_args(run, quick=quick, folder="-")
+        path, _, arg = args[0].removeprefix("--config=").partition(":")
+        if (path, arg) in loaded:
+            continue
+        loaded[(path, arg)] = config = config_lib.load_file(path, arg)
+        for field in fields:
+            node, walked = config, []
+            for part in field.split("."):
+                if not hasattr(node, "keys") or part not in node:
+                    where = ".".join(walked) or "the config"
+                    have = sorted(node.keys()) if hasattr(node, "keys") else []
+                    raise ValueError(
+                        f"--set={field}=...: {os.path.basename(path)}:{arg} has no field "
+                        f"{field!r} ({where} has {have}); check its spelling."
+                    )
+                node = node[part]
+                walked.append(part)
+
+
 def _settings(quick: bool, sets: Sequence[str], noisy_val: bool = False) -> dict:
     return {"quick": bool(quick), "set": sorted(sets), "noisy_val": bool(noisy_val)}
 
@@ -811,13 +842,14 @@ def sweep(
     (``_stop_children``), starts no other and re-raises.
 
     Raises:
-      ValueError: ``jobs`` < 1, a malformed ``--set``, or ``out`` holds runs of other
-        settings.
+      ValueError: ``jobs`` < 1, a malformed ``--set`` or one naming no field of a run's
+        config (``check_set_fields``), or ``out`` holds runs of other settings.
       real_worlds.MissingPackage: a real world's package is not installed (before any run).
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}.")
     check_sets(sets)
+    check_set_fields(runs, sets, quick)
     if runs:
         check_settings(out, runs[0].family, quick, sets, noisy_val)
     for world in dict.fromkeys(r.world for r in runs if r.real):
@@ -1477,6 +1509,9 @@ def main(argv):
     """The sweep (unless ``--aggregate_only``) and the report of ``--out``. A refusal,
     Ctrl-C (exit 130) and SIGTERM (exit 143) are one line on stderr, the runs in flight
     ended (``sweep``); the exit status is not 0 when a run failed or was refused."""
+    from ncljax import cli as _cli
+
+    _cli.started()  # Ctrl-C from here on: KeyboardInterrupt, caught below
     from absl import app, flags
 
     if len(argv) > 1:

@@ -579,6 +579,9 @@ def run_query(
 
 
 def main(argv):
+    from ncljax import cli as _cli
+
+    _cli.started()  # Ctrl-C from here on: KeyboardInterrupt, caught below
     from absl import app, flags
     from absl import logging as absl_logging
 

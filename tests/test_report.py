@@ -107,6 +107,20 @@ def test_set_refuses_a_malformed_override_or_a_field_the_report_sets(sets, match
         report.check_sets(sets)
 
 
+def test_a_set_naming_no_field_is_refused_before_any_run(tmp_path):
+    runs = [report.Run("pairs", m, "default", 0.4, 0) for m in ("gsc", "vse")]
+    report.check_set_fields(runs, ["train.epochs=2"])
+    with pytest.raises(ValueError, match=r"no field 'train\.epoch' \(train has \[.*'epochs'"):
+        report.check_set_fields(runs, ["train.epoch=2"])
+    # a method's own setting is in its config and not in another's: every run must take it
+    report.check_set_fields(runs[:1], ["method_kwargs.warmup_epochs=1"])
+    with pytest.raises(ValueError, match=r"vse\.py:synthetic,world=default has no field"):
+        report.check_set_fields(runs, ["method_kwargs.warmup_epochs=1"])
+    with pytest.raises(ValueError, match="no field 'train.epoch'"):
+        report.sweep(runs, str(tmp_path / "out"), sets=["train.epoch=2"])
+    assert not (tmp_path / "out").exists()
+
+
 def _fake_run(out, family, method, world, rate, seed, results, *, wall_s=10.0, settings=None):
     workdir = report.Run(family, method, world, rate, seed).workdir(str(out))
     os.makedirs(workdir)

@@ -161,6 +161,9 @@ def evaluate_ensemble(workdirs: Sequence[str], split: str = "test") -> dict[str,
 
 
 def main(argv):
+    from ncljax import cli as _cli
+
+    _cli.started()  # Ctrl-C from here on: KeyboardInterrupt, caught below
     from absl import app, flags
     from absl import logging as absl_logging
 
