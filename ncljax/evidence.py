@@ -36,6 +36,8 @@ import jax.numpy as jnp
 from jax.scipy import special
 from jax.typing import ArrayLike
 
+from ncljax import masking
+
 EVIDENCE_FNS = ("exp_softplus", "exp_tanh")
 # Above this Dirichlet parameter the gamma-function terms of the KL use their asymptotic
 # series (error below 1e-9 there); below it the exact functions, whose float32 rounding
@@ -64,12 +66,7 @@ def _float(x: ArrayLike) -> jax.Array:
 
 
 def _classes(num: int, where: ArrayLike | None) -> jax.Array:
-    if where is None:
-        return jnp.ones(num, bool)
-    where = jnp.asarray(where, bool)
-    if where.shape != (num,):
-        raise ValueError(f"where must have shape ({num},) (one flag per class), got {where.shape}")
-    return where
+    return masking.valid_rows(num, where, name="where (one flag per class)")
 
 
 def _normaliser(log_a: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -107,8 +107,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ncljax import audit as audit_lib
-from ncljax.data import real_worlds
-from ncljax.train import rundir, worlds
+from ncljax.data import real_worlds, worlds
+from ncljax.train import rundir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_SCRIPT = os.path.join(ROOT, "train.py")
@@ -562,7 +562,7 @@ def audit_auc(workdir: str, mismatched: np.ndarray) -> float | None:
     Raises:
       ValueError: the audit does not score each of the ``N`` training pairs once.
     """
-    from ncljax.evaluate import noise as noise_lib
+    from ncljax.evaluate import detection as noise_lib
 
     path = os.path.join(workdir, audit_lib.OUT_DIR, "pairs.jsonl")
     mismatched = np.asarray(mismatched, bool)
@@ -1627,7 +1627,7 @@ def define_flags() -> None:
     flags.DEFINE_list(
         "worlds",
         None,
-        "Worlds: synthetic ones of ncljax.train.worlds (default: all of the family's) and, "
+        "Worlds: synthetic ones of ncljax.data.worlds (default: all of the family's) and, "
         "for pairs, real ones of ncljax.data.real_worlds (digits, mnist5k, cancer) and the "
         "synthetic worlds as vectors folders (vec_<world>).",
     )

@@ -15,9 +15,9 @@ import pytest
 from sklearn import metrics as sklearn_metrics
 
 from ncljax import report
-from ncljax.data import real_worlds, vectors
+from ncljax.data import real_worlds, vectors, worlds
 from ncljax.train import config as config_lib
-from ncljax.train import validation, worlds
+from ncljax.train import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,7 +116,7 @@ def test_a_set_naming_no_field_is_refused_before_any_run(tmp_path):
     report.check_set_fields(runs[:1], ["method_kwargs.warmup_epochs=1"])
     with pytest.raises(ValueError, match=r"vse\.py:synthetic,world=default has no field"):
         report.check_set_fields(runs, ["method_kwargs.warmup_epochs=1"])
-    with pytest.raises(ValueError, match="no field 'train.epoch'"):
+    with pytest.raises(ValueError, match=r"no field 'train\.epoch'"):
         report.sweep(runs, str(tmp_path / "out"), sets=["train.epoch=2"])
     assert not (tmp_path / "out").exists()
 

@@ -2,7 +2,7 @@ r"""Real worlds: small real datasets that ship inside installed packages, each s
 into two halves that play the image and the caption, written as vectors folders whose
 training pairs lie.
 
-A synthetic world (``ncljax.train.worlds``) is data the generator's author understood; a
+A synthetic world (``ncljax.data.worlds``) is data the generator's author understood; a
 real world is data nobody shaped for these methods. Each sample of a real dataset gives
 one pair: one part of its features is the "image" vector, another part the "caption"
 vector (one caption per image), and the pair matches when both halves come from the same
@@ -220,8 +220,7 @@ WORLDS: Mapping[str, RealWorld] = {
 def _synthetic(world: str) -> Halves:
     """The synthetic world ``world``'s global vectors: every image of its three splits
     with its first caption, and the image's latent class."""
-    from ncljax.data import sources, synthetic
-    from ncljax.train import worlds
+    from ncljax.data import sources, synthetic, worlds
 
     cfg = synthetic.default_config()
     cfg.update(dict(worlds.get(world).data))
@@ -244,8 +243,7 @@ def _synthetic(world: str) -> Halves:
 def _vector_worlds() -> dict[str, RealWorld]:
     """``vec_<world>`` for each synthetic world of the pairs family: its sizes and class
     count from the world's data settings."""
-    from ncljax.data import synthetic
-    from ncljax.train import worlds
+    from ncljax.data import synthetic, worlds
 
     out = {}
     for world in worlds.names(worlds.PAIRS):

@@ -742,13 +742,13 @@ def from_synthetic(
 
     The vectors are the embedded generator's ``global_image`` / ``global_text``
     (``ncljax.data.synthetic``) under the data settings of world ``world``
-    (``ncljax.train.worlds``); ``captions`` render each caption's words
+    (``ncljax.data.worlds``); ``captions`` render each caption's words
     (``attribute3 object17 ...``) and ``image_ids`` name the images (``train/000042``).
     Validation and test are clean. The mismatches are ``mismatch_texts``'s.
 
     Args:
       folder: where to write (created if needed).
-      world: a world of ``ncljax.train.worlds`` (its ``data`` fields and sizes).
+      world: a world of ``ncljax.data.worlds`` (its ``data`` fields and sizes).
       num_train, num_val, num_test: images per split (None: the world's).
       noise_rate: share of the training captions that describe another image.
       seed: the generator's and the mismatches' seed.
@@ -759,8 +759,7 @@ def from_synthetic(
       bool ``[num_train * captions_per_image]``: training pair ``k`` is mismatched (the
       ground truth, which no method may read).
     """
-    from ncljax.data import synthetic
-    from ncljax.train import worlds
+    from ncljax.data import synthetic, worlds
 
     cfg = synthetic.default_config()
     cfg.update(dict(worlds.get(world).data))

@@ -33,7 +33,7 @@ References:
 """
 
 from ncljax.evaluate.category import category_retrieval_metrics, mean_average_precision
-from ncljax.evaluate.noise import noise_detection_metrics
+from ncljax.evaluate.detection import noise_detection_metrics
 from ncljax.evaluate.ranks import (
     RECALL_KS,
     RankCounts,

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ncljax import masking
 from ncljax.losses import ranking
 
 _SG = jax.lax.stop_gradient
@@ -37,13 +38,7 @@ def _float(x: ArrayLike) -> jax.Array:
     return x.astype(jnp.result_type(x, jnp.float32))
 
 
-def _rows(num: int, where: ArrayLike | None, name: str = "where") -> jax.Array:
-    if where is None:
-        return jnp.ones(num, bool)
-    where = jnp.asarray(where, bool)
-    if where.shape != (num,):
-        raise ValueError(f"{name} must have shape ({num},), got {where.shape}")
-    return where
+_rows = masking.valid_rows
 
 
 def _index(index: ArrayLike) -> jax.Array:

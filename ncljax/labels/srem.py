@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from ncljax import masking
+
 _SG = jax.lax.stop_gradient
 
 
@@ -42,14 +44,7 @@ def _square(matrix: ArrayLike, name: str = "logits") -> jax.Array:
     return matrix.astype(jnp.result_type(matrix, jnp.float32))
 
 
-def valid_rows(num: int, where: ArrayLike | None) -> jax.Array:
-    """Bool ``[B]``: the real pairs (all when ``where`` is ``None``)."""
-    if where is None:
-        return jnp.ones(num, bool)
-    where = jnp.asarray(where, bool)
-    if where.shape != (num,):
-        raise ValueError(f"where must have shape ({num},), got {where.shape}")
-    return where
+valid_rows = masking.valid_rows  # bool [B]: the real pairs (all when where is None)
 
 
 def _candidates(num: int, where: ArrayLike | None) -> tuple[jax.Array, jax.Array]:

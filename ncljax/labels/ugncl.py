@@ -35,16 +35,15 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ncljax import evidence
+from ncljax import evidence, masking
 from ncljax.labels import gmm as gmm_lib
+from ncljax.losses.evidential import CLEAN, HARD_CLEAN, HARD_NOISY, NOISY
 
 _SG = jax.lax.stop_gradient
 DIVISION_MODES = ("decl_lineage", "paper")
 VIEW_FUSIONS = ("mean", "dst")
 BIDIR_MODES = ("sum", "mean")
 EDL_TARGETS = ("paper_soft", "binary_pred")
-# Partition codes.
-CLEAN, NOISY, HARD_CLEAN, HARD_NOISY = 0, 1, 2, 3
 SET_NAMES = ("clean", "noisy", "hard_clean", "hard_noisy")
 
 
@@ -108,9 +107,7 @@ def division_signals(
         raise ValueError(f"view_fusion must be one of {VIEW_FUSIONS}, got {view_fusion!r}")
     if bidir_mode not in BIDIR_MODES:
         raise ValueError(f"bidir_mode must be one of {BIDIR_MODES}, got {bidir_mode!r}")
-    valid = jnp.ones(num, bool) if where is None else jnp.asarray(where, bool)
-    if valid.shape != (num,):
-        raise ValueError(f"where must have shape ({num},), got {valid.shape}")
+    valid = masking.valid_rows(num, where)
     real = valid.sum()
     log_k = jnp.log(real.astype(log_e.dtype))
     cls = valid[None, None, :]

@@ -27,10 +27,8 @@ from ncljax.losses.ranking import (
     triplet_sum,
 )
 from ncljax.losses.srem import (
-    SREMDirection,
     complementary_loss,
     energy_bounded_loss,
-    srem_loss,
     weighted_hinge_loss,
 )
 from ncljax.losses.structure import (
@@ -41,7 +39,6 @@ from ncljax.losses.structure import (
 )
 
 __all__ = [
-    "SREMDirection",
     "UGNCLTerms",
     "complementary_loss",
     "edl_loss",
@@ -59,7 +56,6 @@ __all__ = [
     "pseudo_label_cross_entropy",
     "soft_cross_entropy",
     "soft_margin",
-    "srem_loss",
     "symmetric_info_nce",
     "top_k_mean",
     "triplet_hardest",

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from ncljax import masking
+
 
 def info_nce(
     logits: ArrayLike,
@@ -51,11 +53,7 @@ def info_nce(
     targets = jnp.asarray(targets, dtype=logits.dtype)
     if targets.shape != logits.shape:
         raise ValueError(f"targets must have shape {logits.shape}, got {targets.shape}")
-    if where is None:
-        where = jnp.ones((num,), dtype=bool)
-    where = jnp.asarray(where, dtype=bool)
-    if where.shape != (num,):
-        raise ValueError(f"where must have shape ({num},), got {where.shape}")
+    where = masking.valid_rows(num, where)
 
     column_ok = where[None, :]
     masked_logits = jnp.where(column_ok, logits, -jnp.inf)

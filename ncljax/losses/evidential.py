@@ -24,10 +24,12 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from ncljax import evidence
-from ncljax.labels import ugncl as division
 from ncljax.losses.ranking import hinge_costs
 
 _SG = jax.lax.stop_gradient
+# The codes of UGNCL's four sets (Eqs. 8-11), which ``ncljax.labels.ugncl`` divides the
+# pairs into and :func:`trusted_robust_loss` reads.
+CLEAN, NOISY, HARD_CLEAN, HARD_NOISY = 0, 1, 2, 3
 EDL_VIEW_AGGREGATIONS = ("per_view_mean", "dst")
 
 
@@ -116,8 +118,8 @@ def trusted_robust_loss(
     cost_i2t, cost_t2i = hinge_costs(sim, _SG(jnp.asarray(margins)), where=where)
     hardest = cost_i2t.max(-1) + cost_t2i.max(-1)
     top = top_k_mean(cost_i2t, num_negatives) + top_k_mean(cost_t2i, num_negatives)
-    hard = (codes == division.HARD_CLEAN) | (codes == division.HARD_NOISY)
-    return jnp.where(codes == division.CLEAN, hardest, jnp.where(hard, top, 0.0))
+    hard = (codes == HARD_CLEAN) | (codes == HARD_NOISY)
+    return jnp.where(codes == CLEAN, hardest, jnp.where(hard, top, 0.0))
 
 
 def trl_warmup_loss(

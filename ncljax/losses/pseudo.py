@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from ncljax import masking
+
 _SG = jax.lax.stop_gradient
 ENTROPY_MODES = ("code_sample", "marginal", "printed")
 _LOG_CLAMP = 1e-8
@@ -29,13 +31,7 @@ def _logits(logits: ArrayLike, name: str) -> jax.Array:
     return logits.astype(jnp.result_type(logits, jnp.float32))
 
 
-def _valid(num: int, where: ArrayLike | None) -> jax.Array:
-    if where is None:
-        return jnp.ones(num, bool)
-    where = jnp.asarray(where, bool)
-    if where.shape != (num,):
-        raise ValueError(f"where must have shape ({num},), got {where.shape}")
-    return where
+_valid = masking.valid_rows
 
 
 def _real_rows(logits: jax.Array, valid: jax.Array) -> jax.Array:

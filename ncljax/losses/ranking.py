@@ -9,15 +9,15 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from ncljax import masking
+
 
 def _negative_mask(num: int, where: ArrayLike | None) -> jax.Array:
     """Bool ``[B, B]``: True where query ``b`` is real, candidate ``c`` is real and ``c != b``."""
     off_diagonal = ~jnp.eye(num, dtype=bool)
     if where is None:
         return off_diagonal
-    where = jnp.asarray(where, dtype=bool)
-    if where.shape != (num,):
-        raise ValueError(f"where must have shape ({num},), got {where.shape}")
+    where = masking.valid_rows(num, where)
     return off_diagonal & where[:, None] & where[None, :]
 
 

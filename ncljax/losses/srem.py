@@ -7,21 +7,20 @@ expectations are means over subsets (the clean pairs, the noisy pairs, the batch
 shares of a batch and dividing by its real pairs, as the trainer's ``'mean'`` reduction does,
 gives that objective exactly, on any number of devices. Padding pairs get 0.
 
-:func:`srem_loss` composes them with the estimators of ``ncljax.labels.srem`` into the total
-objective of both directions (main training and warm-up).
+:func:`ncljax.methods.srem.srem_loss` composes them with the estimators of
+``ncljax.labels.srem`` into the total objective of both directions (main training and
+warm-up).
 
 Equations: ``srem.md`` sections 3.3, 3.5-3.7 of the ncljax specs.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ncljax.labels import srem as selection
+from ncljax import masking
 
 _SG = jax.lax.stop_gradient
 CL_REDUCTIONS = ("sum", "mean")
@@ -71,7 +70,7 @@ def energy_bounded_loss(
     """
     energies = jnp.asarray(energies)
     energies = energies.astype(jnp.result_type(energies, jnp.float32))
-    valid = selection.valid_rows(energies.shape[0], where)
+    valid = masking.valid_rows(energies.shape[0], where)
     clean = _SG(jnp.asarray(clean, bool))
     pull = jax.nn.relu(energies - m_clean) ** 2
     push = jax.nn.relu(m_noisy - energies) ** 2
@@ -115,7 +114,7 @@ def weighted_hinge_loss(
     scores = jnp.asarray(scores)
     scores = scores.astype(jnp.result_type(scores, jnp.float32))
     num = scores.shape[0]
-    valid = selection.valid_rows(num, where)
+    valid = masking.valid_rows(num, where)
     hard_negative = jnp.asarray(hard_negative)
     weight = _SG(jnp.asarray(weight, scores.dtype))
     rows = jnp.arange(num)
@@ -219,7 +218,7 @@ def complementary_loss(
         raise ValueError(f"cl_prob must be one of {CL_PROBS}, got {prob!r}")
     if form not in ("expectation", "matmul_PQ", "matmul_QtP"):
         raise ValueError(f"form must be 'expectation', 'matmul_PQ' or 'matmul_QtP', got {form!r}")
-    valid = selection.valid_rows(num, where)
+    valid = masking.valid_rows(num, where)
     candidates = valid[:, None] & valid[None, :]
     mask = _SG(jnp.asarray(mask, bool)) & candidates
     q = jnp.where(mask, _SG(jnp.asarray(q, logits.dtype)), 0.0)
@@ -234,219 +233,3 @@ def complementary_loss(
         log1m = jnp.log1p(-jnp.minimum(mixed, _MATMUL_CLAMP))
         per_query = -jnp.where(mask, log1m, 0.0).sum(1) / jnp.maximum(size, 1.0)
     return jnp.where(valid, kappa * per_query, 0.0)
-
-
-class SREMDirection(NamedTuple):
-    """The per-batch quantities of one retrieval direction (all ``[B]`` unless noted).
-
-    Attributes:
-      energy: :math:`E` (Eq. 1).
-      clean: bool, the clean split the losses use (Eq. 2 and ``clean_set``; in warm-up the
-        selection Eq. 2 would make, for the logs only).
-      hard_negative: int, :math:`\\phi`.
-      entropy: normalised entropy :math:`e` (Eq. 4).
-      argument: hinge argument :math:`a` (Eq. 5).
-      weight: swapped weight :math:`\\omega` used by this direction's hinge (Eq. 6).
-      mask: bool ``[B, B]``, complementary candidates :math:`\\mathcal A` (Eq. 11).
-      q: ``[B, B]``, :math:`\\mathbf Q` (Eq. 12).
-      hinge: shares of :math:`L_w` (0 in warm-up).
-      energy_loss: shares of :math:`L_u` (0 in warm-up).
-      complementary: per-query :math:`L_c` terms.
-      pull: positive gradient of the hinge, :math:`-\\partial L_w/\\partial S_{ii}` of the
-        summed hinge (0 in warm-up; the noisy gradient ratio's numerator on noisy pairs).
-      fallback: bool scalar, this direction's division was degenerate and it trained the
-        warm-up objective instead (``fallback=True`` of :func:`srem_loss` only).
-    """
-
-    energy: jax.Array
-    clean: jax.Array
-    hard_negative: jax.Array
-    entropy: jax.Array
-    argument: jax.Array
-    weight: jax.Array
-    mask: jax.Array
-    q: jax.Array
-    hinge: jax.Array
-    energy_loss: jax.Array
-    complementary: jax.Array
-    pull: jax.Array
-    fallback: jax.Array | bool = False
-
-
-def srem_loss(
-    logits: ArrayLike,
-    *,
-    warmup: bool = False,
-    threshold: ArrayLike = -2.0,
-    m_clean: ArrayLike = -4.0,
-    m_noisy: ArrayLike = 0.0,
-    margin: float = 0.2,
-    beta: float = 50.0,
-    offset: float = 0.5,
-    lambda1: float = 0.05,
-    lambda2: float = 1.0,
-    cl_reduction: str = "sum",
-    cl_prob: str = "softmax",
-    rcl_temperature: float = 0.05,
-    rectify: str = "biased",
-    sgw_indicator: str = "literal",
-    gradient_weighting: bool = True,
-    clean_set: str = "per_direction",
-    warmup_lambda2: bool = False,
-    fallback: bool = False,
-    warmup_rectify: str | None = None,
-    where: ArrayLike | None = None,
-) -> tuple[jax.Array, dict[str, SREMDirection]]:
-    r"""SREM's total objective over both retrieval directions, per pair.
-
-    Main training (``srem.md`` Sec. 3.7):
-
-    .. math::
-      L = \tfrac12(L_w^{i2t} + L_w^{t2i}) + \lambda_1(L_u^{i2t} + L_u^{t2i})
-        + \lambda_2(L_c^{i2t} + L_c^{t2i})
-
-    Warm-up: :math:`L_c^{i2t} + L_c^{t2i}` with no row clean (every negative is a complementary
-    candidate), times :math:`\lambda_2` only with ``warmup_lambda2``. Pair ``i``'s share sums
-    its image query's terms (row ``i`` of ``F``) and its caption query's (row ``i`` of
-    ``F.T``).
-
-    Fallback (``fallback=True``, main training only): a direction whose clean set (after
-    ``clean_set``) holds no real pair of the batch, or every one, divides nothing; its hinge
-    would train nothing (or every noisy pair) and its energy loss would push every energy
-    one way. That direction trains its warm-up term instead (:math:`L_c` with no row
-    clean, weighted as in warm-up) and flags ``fallback``.
-
-    Args:
-      logits: ``[B, B]`` logits ``F`` (rows images, columns captions, pairs on the diagonal).
-      warmup: the warm-up objective (static).
-      threshold: energy threshold :math:`\tau` of the clean split (-2): a scalar, or ``[2]``
-        (image-to-text, text-to-image) for one per direction; may be traced.
-      m_clean: clean energy margin (-4), scalar or ``[2]`` likewise.
-      m_noisy: noisy energy margin (0), scalar or ``[2]`` likewise.
-      margin: hinge margin :math:`\alpha` (0.2).
-      beta: sharpness :math:`\beta` of the selection probabilities (50).
-      offset: offset :math:`b` of the selection probabilities (0.5).
-      lambda1: weight of :math:`L_u` (0.05).
-      lambda2: weight of :math:`L_c` (1.0).
-      cl_reduction: ``'sum'`` or ``'mean'`` (see :func:`complementary_loss`).
-      cl_prob: ``'softmax'``, ``'sigmoid'`` or ``'rcl'`` (see :func:`complementary_loss`).
-      rcl_temperature: temperature of ``cl_prob='rcl'`` (0.05).
-      rectify: ``'biased'`` (Eqs. 10-12), ``'uniform'`` (no label rectification),
-        ``'matmul_PQ'`` or ``'matmul_QtP'`` (literal Eq. 12 readings with the biased ``Q``).
-      sgw_indicator: ``'literal'`` or ``'loss_direction'`` (see
-        ``ncljax.labels.srem.swap_weights``).
-      gradient_weighting: swapped gradient weighting; ``False``: :math:`\omega \equiv 1`.
-      clean_set: ``'per_direction'``, ``'and'`` or ``'or'``.
-      warmup_lambda2: multiply the warm-up loss by :math:`\lambda_2`.
-      fallback: a degenerate division trains the warm-up objective (see above; static).
-      warmup_rectify: ``rectify`` of the warm-up objective (``None``: ``rectify``).
-      where: optional bool ``[B]``, the real pairs.
-
-    Returns:
-      ``(loss, directions)``: ``[B]`` shares whose mean over the real pairs is :math:`L`, and
-      ``{'i2t': SREMDirection, 't2i': SREMDirection}``.
-
-    References:
-      Dang et al., "Noisy Correspondence Learning with Self-Reinforcing Errors Mitigation",
-      AAAI 2024, Sec. "Model Optimization".
-    """
-    if warmup and warmup_rectify is not None:
-        rectify = warmup_rectify
-    if rectify not in RECTIFY:
-        raise ValueError(f"rectify must be one of {RECTIFY}, got {rectify!r}")
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.result_type(logits, jnp.float32))
-    num = logits.shape[0]
-    valid = selection.valid_rows(num, where)
-    views = {"i2t": logits, "t2i": logits.T}
-    per_direction = {
-        name: dict(
-            zip(views, jnp.broadcast_to(jnp.asarray(value, logits.dtype), (2,)), strict=True)
-        )
-        for name, value in (("threshold", threshold), ("m_clean", m_clean), ("m_noisy", m_noisy))
-    }
-    scores = {d: jax.nn.sigmoid(f) for d, f in views.items()}
-    energies = {d: selection.energy(f, where=valid) for d, f in views.items()}
-    selected = {
-        d: selection.clean_mask(f, per_direction["threshold"][d], where=valid)
-        for d, f in views.items()
-    }
-    clean = {}
-    clean["i2t"], clean["t2i"] = selection.combine_clean_masks(
-        selected["i2t"], selected["t2i"], clean_set
-    )
-    phi = {d: selection.hard_negative_index(f, where=valid) for d, f in views.items()}
-    entropy = {d: selection.normalized_entropy(f, where=valid) for d, f in views.items()}
-    argument = {d: _SG(selection.hinge_argument(scores[d], phi[d], margin)) for d in views}
-    omega = {d: jnp.ones(num, logits.dtype) for d in views}
-    if gradient_weighting:
-        omega["i2t"], omega["t2i"] = selection.swap_weights(
-            entropy["i2t"],
-            entropy["t2i"],
-            argument["i2t"],
-            argument["t2i"],
-            indicator=sgw_indicator,
-        )
-    form = rectify if rectify.startswith("matmul") else "expectation"
-    zeros = jnp.zeros(num, logits.dtype)
-    total = zeros
-    directions = {}
-    warmup_weight = lambda2 if warmup_lambda2 else 1.0
-    for d, f in views.items():
-        degenerate = jnp.asarray(False)
-        if fallback and not warmup:
-            degenerate = selection.degenerate_division(clean[d], where=valid)
-        used = jnp.zeros(num, bool) if warmup else clean[d] & ~degenerate
-        mask = selection.complementary_mask(used, phi[d], where=valid)
-        selection_probs = selection.ms_selection_probs(scores[d], beta, offset, where=valid)
-        q = selection.rectified_complementary_dist(
-            selection_probs, mask, rectify=rectify != "uniform"
-        )
-        comp = complementary_loss(
-            f,
-            q,
-            mask,
-            reduction=cl_reduction,
-            prob=cl_prob,
-            rcl_temperature=rcl_temperature,
-            form=form,
-            where=valid,
-        )
-        if warmup:
-            hinge = energy_loss = pull = zeros
-            total = total + warmup_weight * comp
-        else:
-            hinge = weighted_hinge_loss(
-                scores[d], phi[d], omega[d], used, margin=margin, where=valid
-            )
-            energy_loss = energy_bounded_loss(
-                energies[d],
-                used,
-                m_clean=per_direction["m_clean"][d],
-                m_noisy=per_direction["m_noisy"][d],
-                where=valid,
-            )
-            pull = selection.positive_pull(scores[d], phi[d], omega[d], used, margin)
-            main = 0.5 * hinge + lambda1 * energy_loss + lambda2 * comp
-            if fallback:
-                hinge, energy_loss, pull = (
-                    jnp.where(degenerate, 0.0, v) for v in (hinge, energy_loss, pull)
-                )
-                main = jnp.where(degenerate, warmup_weight * comp, main)
-            total = total + main
-        directions[d] = SREMDirection(
-            energy=energies[d],
-            clean=clean[d],
-            hard_negative=phi[d],
-            entropy=entropy[d],
-            argument=argument[d],
-            weight=omega[d],
-            mask=mask,
-            q=q,
-            hinge=hinge,
-            energy_loss=energy_loss,
-            complementary=comp,
-            pull=pull,
-            fallback=degenerate,
-        )
-    return jnp.where(valid, total, 0.0), directions

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from ncljax import masking
 from ncljax.losses.contrastive import info_nce
 
 
@@ -40,9 +41,7 @@ def _labels(y: ArrayLike, num: int, dtype, where: ArrayLike | None) -> tuple[jax
     y = jax.lax.stop_gradient(jnp.asarray(y, dtype))
     if y.shape != (num,):
         raise ValueError(f"labels must have shape ({num},), got {y.shape}")
-    valid = jnp.ones((num,), bool) if where is None else jnp.asarray(where, bool)
-    if valid.shape != (num,):
-        raise ValueError(f"where must have shape ({num},), got {valid.shape}")
+    valid = masking.valid_rows(num, where)
     return jnp.where(valid, y, 0.0), valid
 
 

@@ -115,7 +115,7 @@ falls back by the rule its factory documents (the previous non-degenerate divisi
 the warm-up objective), logs a warning with "fallback" once per epoch, and reports
 ``division_fallback`` (0 or 1) among its refresh diagnostics: a method never trains on
 no pair for more than one epoch. ``configs/<method>.py:synthetic,world=<name>`` trains on
-the other synthetic worlds (``ncljax.train.worlds``); ``python -m ncljax.report`` sweeps
+the other synthetic worlds (``ncljax.data.worlds``); ``python -m ncljax.report`` sweeps
 methods x worlds x noise rates x seeds.
 
 Phases: ``EpochPlan.phase`` is a small int; ``WARMUP`` and ``MAIN`` are shared by every

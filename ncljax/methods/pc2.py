@@ -77,7 +77,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from ncljax import losses
+from ncljax import losses, masking
 from ncljax.labels import pc2 as pc2_labels
 from ncljax.losses.pseudo import ENTROPY_MODES
 from ncljax.methods import base, coteaching, settings
@@ -527,12 +527,11 @@ def step_metrics(extra, batch, batches) -> dict:
     """``pseudo_caption_accuracy``: the share of real pairs whose borrowed caption (a row of
     the step's main batch ``batches[0]``) has the class of the pair's image, where the
     dataset has classes, as ``(sum, count)``."""
-    from ncljax.train.step import masked_metric  # ncljax.train imports the methods
 
     borrowed = jnp.take(batches[0]["label_text"], extra["pseudo_caption_index"], mode="clip")
     image_class = batch["label_image"]
     known = batch["mask"] & (image_class >= 0) & (borrowed >= 0)
-    accuracy = masked_metric((borrowed == image_class).astype(jnp.float32), known)
+    accuracy = masking.masked_metric((borrowed == image_class).astype(jnp.float32), known)
     return {"pseudo_caption_accuracy": accuracy}
 
 

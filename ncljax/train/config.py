@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 
 import ml_collections
 
-from ncljax.data import sources
+from ncljax.data import sources, worlds
 
 # Fields of the data section that every dataset has (the pipeline's, added by set_data).
 PIPELINE_FIELDS = ("num_threads", "prefetch", "device_prefetch", "length_buckets")
@@ -162,7 +162,7 @@ def parse_arg(
 ) -> tuple[str, frozenset[str]]:
     """Splits a config file's argument ``'<dataset>[,<option>...][,world=<name>]'``.
 
-    ``world=<name>`` (the synthetic dataset only) picks a world of ``ncljax.train.worlds``;
+    ``world=<name>`` (the synthetic dataset only) picks a world of ``ncljax.data.worlds``;
     ``world_of(options)`` reads it back.
 
     Returns:
@@ -172,8 +172,6 @@ def parse_arg(
       ValueError: for an unknown word, an unknown world or more than one dataset, listing
         what is allowed.
     """
-    from ncljax.train import worlds  # late: worlds.apply reads fields, which imports this module
-
     words = [w for w in arg.split(",") if w]
     named = [w for w in words if w in datasets]
     world = [w for w in words if w.startswith("world=")]

@@ -19,7 +19,7 @@
 (``CONDITIONAL_FIELDS`` groups the conditional fields by condition);
 ``ncljax.train.validation.check`` runs both before anything is read. ``reset_unread``
 puts the fields a config does not read back to their defaults, for code that adapts a
-config (``worlds.apply``). The defaults themselves are ``config.base_config()``'s. The
+config (``presets.apply_world``). The defaults themselves are ``config.base_config()``'s. The
 data section's fields other than the pipeline's are the dataset's, checked when it is
 loaded, and ``method_kwargs`` are checked by the method's factory.
 

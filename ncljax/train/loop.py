@@ -44,7 +44,6 @@ from ncljax.train.diagnostics import (
 from ncljax.train.refresh import Refresher
 
 Callback = Callable[[int, dict], None]
-RESUMABLE = rundir.RESUMABLE
 
 
 def _absolute_folder(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -393,7 +392,8 @@ def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
             if done % cfg.train.log_every_steps == 0 or done == total:
                 _check_finite(state, run.checkpointer)  # the one host sync
                 rate = (done - rate_from) * batch_size / (time.perf_counter() - tic)
-                mean = _mean(accumulated) | {"pairs_per_s": rate}
+                # NaN (logged null) over no item
+                mean = mean_of_sums(accumulated) | {"pairs_per_s": rate}
                 if one_pass.network is not None:
                     mean["network"] = one_pass.network
                 run.writer.write(step=int(state.step), epoch=epoch, split="train", metrics=mean)
@@ -423,10 +423,6 @@ def _pass_lengths(epoch_passes) -> dict[str, float]:
         if len(one_pass.streams) > 1:
             out[f"aux_pairs{one_pass.name}"] = len(one_pass.streams[1].indices)
     return out
-
-
-def _mean(accumulated: dict) -> dict[str, float]:
-    return mean_of_sums(accumulated)  # NaN (logged null) over no item
 
 
 def _warn_if_tied(value: float, meta: dict, epoch: int, selection: str) -> None:

@@ -17,9 +17,9 @@ import os
 
 import ml_collections
 
-from ncljax.data import sources
+from ncljax.data import sources, worlds
 from ncljax.train import config as config_lib
-from ncljax.train import worlds
+from ncljax.train import fields
 
 # The shipped config files (a source checkout's configs/).
 CONFIG_DIR = os.path.join(
@@ -137,13 +137,13 @@ def start(
         (``LABELLED``) or ``'vectors'`` (a folder of your own vectors).
       labels: on the synthetic data and on vectors, the noisy-label setting (category
         retrieval, mAP) instead of noisy correspondence (Recall@K).
-      world: on the synthetic data, a world of ``ncljax.train.worlds`` (None: the preset).
+      world: on the synthetic data, a world of ``ncljax.data.worlds`` (None: the preset).
     """
     config = config_lib.base_config()
     if dataset == "synthetic":
         (_synthetic_labels if labels else _synthetic_pairs)(config)
         if world is not None:
-            worlds.apply(config, world)
+            apply_world(config, world)
         return config
     if dataset == "vectors":
         (_vectors_labels if labels else _vectors_pairs)(config)
@@ -271,4 +271,36 @@ def schedule_warmup(
     if "quick" in options:
         quick(config)
         config.method_kwargs.warmup_epochs = int(dataset == "synthetic")
+    return config
+
+
+def apply_world(config, name: str):
+    """Puts world ``name`` into a synthetic config (in place) and returns it.
+
+    Raises:
+      ValueError: an unknown world, a world of the other family, or a config that does
+        not train on the synthetic data.
+    """
+    world = worlds.get(name)
+    if config.data.name != "synthetic":
+        raise ValueError(
+            f"world={name} is a synthetic world; data.name={config.data.name!r} is not "
+            "the synthetic dataset."
+        )
+    family = worlds.LABELS if config.eval.kind == "map" else worlds.PAIRS
+    if world.family != family:
+        raise ValueError(
+            f"world={name} is a {world.family} world; this config trains on noisy "
+            f"{'labels' if family == worlds.LABELS else 'correspondence'}. Use one of "
+            f"{worlds.names(family)}."
+        )
+    for field, value in world.data.items():
+        config.data[field] = value
+    m = config.model
+    if world.inputs == "global" and m.head == "cosine":
+        m.image_input = m.text_input = "global"
+        if family == worlds.PAIRS:  # the labels preset has its own MLPs already
+            m.image_hidden, m.text_hidden, m.embed_dim = (512,), (512,), 128
+    config.train.batch_size = world.batch_size
+    fields.reset_unread(config)
     return config

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from ncljax import masking
 from ncljax.methods.base import Aux, LossContext, Memory, Method
 from ncljax.train import state as state_lib
 from ncljax.train.state import TrainState
@@ -78,12 +79,6 @@ def _scatter_rows(samples: dict, index: jax.Array, rows: dict) -> dict:
     return out
 
 
-def masked_metric(values: jax.Array, mask: jax.Array) -> jax.Array:
-    """``[2]`` (sum over valid entries, number of valid entries) of ``values`` ``[..., B]``."""
-    mask = jnp.broadcast_to(mask, values.shape)
-    return jnp.stack([jnp.where(mask, values, 0.0).sum(), mask.sum().astype(jnp.float32)])
-
-
 def _valid_rows(tree, mask: jax.Array):
     """Rows ``[B, ...]`` with the padding entries zeroed (their writes are dropped)."""
 
@@ -93,15 +88,16 @@ def _valid_rows(tree, mask: jax.Array):
     return jax.tree.map(zero, tree)
 
 
-def noise_detection_metrics(
+def streamed_noise_metrics(
     estimate: jax.Array, clean: jax.Array, mask: jax.Array, suffix: str = ""
 ) -> Metrics:
-    """Streaming precision/recall of ``estimate > 0.5`` against the true mask (logs only)."""
+    """Per-step sums of the precision and recall of ``estimate > 0.5`` against the true
+    mask (logs only; ``ncljax.evaluate.noise_detection_metrics`` scores a whole epoch)."""
     selected = estimate > 0.5
     hits = (selected & clean).astype(jnp.float32)
     return {
-        f"step_noise_precision{suffix}": masked_metric(hits, mask & selected),
-        f"step_noise_recall{suffix}": masked_metric(hits, mask & clean),
+        f"step_noise_precision{suffix}": masking.masked_metric(hits, mask & selected),
+        f"step_noise_recall{suffix}": masking.masked_metric(hits, mask & clean),
     }
 
 
@@ -111,11 +107,11 @@ def _diagnostic_metrics(aux: Aux, batch: dict, clean: jax.Array) -> Metrics:
     truth = jnp.take(clean, index, mode="clip")
     metrics = {}
     if aux.clean_estimate is not None:
-        metrics |= noise_detection_metrics(aux.clean_estimate, truth, mask)
+        metrics |= streamed_noise_metrics(aux.clean_estimate, truth, mask)
     for name, estimate in aux.clean_estimates.items():
-        metrics |= noise_detection_metrics(estimate, truth, mask, f"_{name}")
+        metrics |= streamed_noise_metrics(estimate, truth, mask, f"_{name}")
     for name, estimate in aux.noisy_estimates.items():
-        found = noise_detection_metrics(estimate, ~truth, mask, f"_{name}")
+        found = streamed_noise_metrics(estimate, ~truth, mask, f"_{name}")
         metrics |= {key.replace("_noise_", "_noisy_", 1): v for key, v in found.items()}
     if aux.loss_weight is not None:
         weight = jnp.where(mask, aux.loss_weight, 0.0)
@@ -230,9 +226,9 @@ def make_train_step(
             if at_rows:
                 at_index = jnp.where(real, at_index, num_samples)  # no real pair: no write
                 samples = _scatter_rows(samples, at_index, at_rows)
-            step_metrics = {"loss": masked_metric(per_example, mask)}
+            step_metrics = {"loss": masking.masked_metric(per_example, mask)}
             for name, values in aux.metrics.items():
-                step_metrics[name] = masked_metric(values, mask)
+                step_metrics[name] = masking.masked_metric(values, mask)
             if clean is not None:
                 step_metrics |= _diagnostic_metrics(aux, batch, clean)
                 if method.step_metrics_fn is not None and aux.extra is not None:

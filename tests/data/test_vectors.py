@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from ncljax.data import noise, sources, synthetic, vectors
+from ncljax.data import noise, sources, synthetic, vectors, worlds
 from ncljax.train import config as config_lib
-from ncljax.train import presets, train_and_evaluate, validation, worlds
+from ncljax.train import presets, train_and_evaluate, validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {"train": 12, "val": 11, "test": 11}  # images per split (Recall@10 needs 11)

@@ -18,9 +18,9 @@ import ncljax.labels as labels
 from ncljax.losses import (
     complementary_loss,
     energy_bounded_loss,
-    srem_loss,
     weighted_hinge_loss,
 )
+from ncljax.methods.srem import srem_loss
 from tests.labels.test_srem import (
     FAST_COMPILE,
     LOGITS,

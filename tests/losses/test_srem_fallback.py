@@ -8,6 +8,7 @@ import pytest
 
 from ncljax import losses
 from ncljax.labels import srem as selection
+from ncljax.methods.srem import srem_loss
 
 
 def _logits(seed, b=8, boost=4.0):
@@ -23,23 +24,23 @@ def test_a_forced_degenerate_division_trains_the_warmup_objective(threshold):
     diagonal first in every row and column): each direction trains its warm-up term."""
     logits = _logits(5, boost=20.0)  # every pair ranked first in both directions
     where = jnp.array([True] * 7 + [False])
-    loss, views = losses.srem_loss(logits, threshold=threshold, fallback=True, where=where)
-    warm, _ = losses.srem_loss(logits, warmup=True, where=where)
+    loss, views = srem_loss(logits, threshold=threshold, fallback=True, where=where)
+    warm, _ = srem_loss(logits, warmup=True, where=where)
     np.testing.assert_allclose(loss, warm, rtol=1e-6, atol=1e-7)
     for view in views.values():
         assert bool(view.fallback)
         assert float(jnp.abs(view.hinge).sum() + jnp.abs(view.energy_loss).sum()) == 0.0
         assert float(view.pull.sum()) == 0.0
     assert float(loss.sum()) > 0  # it trains on something
-    old, _ = losses.srem_loss(logits, threshold=threshold, where=where)
+    old, _ = srem_loss(logits, threshold=threshold, where=where)
     assert not np.allclose(old, loss)  # without the fallback it would not
 
 
 def test_the_fallback_leaves_a_real_division_alone():
     logits = _logits(0)
     where = jnp.array([True] * 6 + [False] * 2)
-    new, views = losses.srem_loss(logits, threshold=-3.0, fallback=True, where=where)
-    old, _ = losses.srem_loss(logits, threshold=-3.0, where=where)
+    new, views = srem_loss(logits, threshold=-3.0, fallback=True, where=where)
+    old, _ = srem_loss(logits, threshold=-3.0, where=where)
     assert all(0 < int(v.clean.sum()) < 6 for v in views.values())
     assert not any(bool(v.fallback) for v in views.values())
     np.testing.assert_array_equal(new, old)
@@ -47,16 +48,16 @@ def test_the_fallback_leaves_a_real_division_alone():
 
 def test_per_direction_thresholds_and_margins():
     logits = _logits(1)
-    loss, views = losses.srem_loss(
+    loss, views = srem_loss(
         logits,
         threshold=jnp.array([-3.0, -1.0]),
         m_clean=jnp.array([-5.0, -3.0]),
         m_noisy=jnp.array([-1.0, 0.5]),
     )
-    i2t, _ = losses.srem_loss(logits, threshold=-3.0, m_clean=-5.0, m_noisy=-1.0)
-    t2i, _ = losses.srem_loss(logits, threshold=-1.0, m_clean=-3.0, m_noisy=0.5)
-    _, views_i2t = losses.srem_loss(logits, threshold=-3.0, m_clean=-5.0, m_noisy=-1.0)
-    _, views_t2i = losses.srem_loss(logits, threshold=-1.0, m_clean=-3.0, m_noisy=0.5)
+    i2t, _ = srem_loss(logits, threshold=-3.0, m_clean=-5.0, m_noisy=-1.0)
+    t2i, _ = srem_loss(logits, threshold=-1.0, m_clean=-3.0, m_noisy=0.5)
+    _, views_i2t = srem_loss(logits, threshold=-3.0, m_clean=-5.0, m_noisy=-1.0)
+    _, views_t2i = srem_loss(logits, threshold=-1.0, m_clean=-3.0, m_noisy=0.5)
     np.testing.assert_array_equal(views["i2t"].clean, views_i2t["i2t"].clean)
     np.testing.assert_array_equal(views["t2i"].clean, views_t2i["t2i"].clean)
     np.testing.assert_allclose(views["i2t"].energy_loss, views_i2t["i2t"].energy_loss)
@@ -67,8 +68,8 @@ def test_per_direction_thresholds_and_margins():
 @pytest.mark.parametrize("warmup", [True, False])
 def test_warmup_rectify_changes_the_warmup_only(warmup):
     logits = _logits(6)
-    got, _ = losses.srem_loss(logits, warmup=warmup, warmup_rectify="uniform")
-    want, _ = losses.srem_loss(logits, warmup=warmup, rectify="uniform" if warmup else "biased")
+    got, _ = srem_loss(logits, warmup=warmup, warmup_rectify="uniform")
+    want, _ = srem_loss(logits, warmup=warmup, rectify="uniform" if warmup else "biased")
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ncljax import losses, methods
+from ncljax import methods
 from ncljax.methods import base
+from ncljax.methods import srem as srem_method
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 from ncljax.train.fields import reset_unread
@@ -40,7 +41,7 @@ def test_loss_reads_the_logit_and_writes_energies_and_splits(phase):
     mask = jnp.array([True, True, False, True, True, True, True])
     outputs = {"logit": logit, "sim": jax.nn.sigmoid(logit)}
     loss, aux = method.loss_fn(outputs, {"mask": mask}, {}, {}, _ctx(phase))
-    want, views = losses.srem_loss(
+    want, views = srem_method.srem_loss(
         logit, warmup=phase == base.WARMUP, threshold=-3.0, lambda1=0.1, where=mask
     )
     np.testing.assert_allclose(loss, want, rtol=1e-6)
@@ -64,7 +65,7 @@ def test_cosine_heads_use_the_shifted_scaled_cosine_as_logit():
     cos = jnp.asarray(rng.uniform(-1, 1, size=(6, 6)), jnp.float32)
     mask = jnp.ones(6, bool)
     loss, _ = method.loss_fn({"sim": cos}, {"mask": mask}, {}, {}, _ctx(base.MAIN))
-    want, _ = losses.srem_loss((cos - 0.4) / 0.2, fallback=True, where=mask)
+    want, _ = srem_method.srem_loss((cos - 0.4) / 0.2, fallback=True, where=mask)
     np.testing.assert_allclose(loss, want, rtol=1e-6)
 
 

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ncljax import losses, methods
+from ncljax import methods
 from ncljax.labels import srem as selection
 from ncljax.methods import base
+from ncljax.methods import srem as srem_method
 from tests.labels.test_srem_calibration import _energies, _otsu_oracle
 
 
@@ -81,7 +82,7 @@ def test_refresh_calibrates_each_direction_on_the_last_epochs_energies(calibrati
     )
     mask = jnp.ones(8, bool)
     loss, _ = method.loss_fn(outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
-    want, _ = losses.srem_loss(
+    want, _ = srem_method.srem_loss(
         logits,
         threshold=division[:, 0],
         m_clean=division[:, 1],
@@ -171,7 +172,7 @@ def test_a_step_that_selects_nothing_trains_the_warmup_objective_and_says_so():
     logits = _logits(3)
     mask = jnp.ones(8, bool)
     loss, aux = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, _ctx(base.MAIN))
-    warm, _ = losses.srem_loss(logits, warmup=True, where=mask)
+    warm, _ = srem_method.srem_loss(logits, warmup=True, where=mask)
     np.testing.assert_allclose(loss, warm, rtol=1e-6)
     np.testing.assert_array_equal(aux.memory["division_fallback"], np.ones(8))
     np.testing.assert_array_equal(aux.metrics["division_fallback"], np.ones(8))
@@ -187,7 +188,7 @@ def test_paper_calibration_keeps_the_constants_exactly():
     mask = jnp.array([True] * 6 + [False] * 2)
     other = {"logit": logits, "energy_calibration": jnp.zeros((2, 3))}  # ignored
     loss, _ = method.loss_fn(other, {"mask": mask}, {}, {}, _ctx(base.MAIN))
-    old, views = losses.srem_loss(logits, threshold=-3.0, where=mask)  # the old objective
+    old, views = srem_method.srem_loss(logits, threshold=-3.0, where=mask)  # the old objective
     assert all(0 < int(v.clean.sum()) < 6 for v in views.values())
     np.testing.assert_array_equal(loss, old)
 
@@ -218,5 +219,5 @@ def test_the_warmup_step_uses_uniform_complementary_labels_by_default():
     logits = _logits(7)
     mask = jnp.ones(8, bool)
     loss, _ = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, _ctx(base.WARMUP))
-    want, _ = losses.srem_loss(logits, warmup=True, rectify="uniform", where=mask)
+    want, _ = srem_method.srem_loss(logits, warmup=True, rectify="uniform", where=mask)
     np.testing.assert_allclose(loss, want, rtol=1e-6)

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ncljax import losses
 from ncljax.methods import base, srem
 from tests.labels.test_srem_calibration import _otsu_oracle
 
@@ -111,7 +110,7 @@ def test_main_loss_reads_the_division_in_use():
         calibrated = srem.loss(srem.Settings(calibration="warmup"), outputs, batch, {}, {}, ctx)
         given = srem.loss(paper, outputs, batch, {}, {}, ctx)[1]
         thresholds = dict(threshold=division[:, 0], m_clean=division[:, 1], m_noisy=division[:, 2])
-        want = losses.srem_loss(logits, **thresholds, fallback=True, where=mask)
+        want = srem.srem_loss(logits, **thresholds, fallback=True, where=mask)
         return calibrated, given, want
 
     (loss, aux), given, (want, views) = both(outputs)

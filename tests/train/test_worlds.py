@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from ncljax.data import sources
+from ncljax.data import sources, worlds
 from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, validation, worlds
+from ncljax.train import train_and_evaluate, validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAIR_FILES = ("vse", "infonce", "ncr", "gsc", "srem", "ugncl", "pc2", "quickstart")

@@ -12,7 +12,8 @@ Global-vector worlds give the cosine head MLP encoders (one hidden layer of 512,
 embeddings), as a researcher's own embeddings would be trained; region/token worlds keep
 the synthetic preset's region encoder and Bi-GRU.
 
-``python -m ncljax.report`` runs methods x worlds x noise rates x seeds and tabulates them.
+``ncljax.train.presets.apply_world`` puts a world into a config; ``python -m
+ncljax.report`` runs methods x worlds x noise rates x seeds and tabulates them.
 """
 
 from __future__ import annotations
@@ -186,37 +187,3 @@ def get(name: str) -> World:
     if name not in WORLDS:
         raise ValueError(f"Unknown world {name!r}. The synthetic worlds are:\n{describe()}")
     return WORLDS[name]
-
-
-def apply(config, name: str):
-    """Puts world ``name`` into a synthetic config (in place) and returns it.
-
-    Raises:
-      ValueError: an unknown world, a world of the other family, or a config that does
-        not train on the synthetic data.
-    """
-    from ncljax.train import fields  # late: fields imports the config module
-
-    world = get(name)
-    if config.data.name != "synthetic":
-        raise ValueError(
-            f"world={name} is a synthetic world; data.name={config.data.name!r} is not "
-            "the synthetic dataset."
-        )
-    family = LABELS if config.eval.kind == "map" else PAIRS
-    if world.family != family:
-        raise ValueError(
-            f"world={name} is a {world.family} world; this config trains on noisy "
-            f"{'labels' if family == LABELS else 'correspondence'}. Use one of "
-            f"{names(family)}."
-        )
-    for field, value in world.data.items():
-        config.data[field] = value
-    m = config.model
-    if world.inputs == "global" and m.head == "cosine":
-        m.image_input = m.text_input = "global"
-        if family == PAIRS:  # the labels preset has its own MLPs already
-            m.image_hidden, m.text_hidden, m.embed_dim = (512,), (512,), 128
-    config.train.batch_size = world.batch_size
-    fields.reset_unread(config)
-    return config
