@@ -26,11 +26,12 @@ import json
 import os
 import time
 
+from ncljax import methods
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = ("ncr", "gsc", "srem", "ugncl", "pc2", "vse", "infonce")
+RUNS = methods.of_family("pairs")  # every correspondence method of the registry
 
 
 def load_config(name, arg=""):

@@ -10,7 +10,7 @@ the newest checkpoint of ``checkpoints/latest``):
   more confidently corrected label, then to the lower index), with ``index`` (the caption
   index ``k`` of the training split: caption ``k`` of the dataset, as the trainer numbers
   its pairs), ``clean_score`` (the method's own belief that the pair matches, higher =
-  more likely matched; see ``SCORES``), ``image_id`` and ``caption``
+  more likely matched; see ``Method.verdict``), ``image_id`` and ``caption``
   (``data.name='vectors'``: the folder's ``train_image_ids.txt`` / ``train_captions.txt``,
   of the image the pair was trained with; empty where the dataset has none) and, for the
   noisy-label methods (UOT-RCL), ``observed_label_image``, ``observed_label_text`` (the
@@ -91,7 +91,7 @@ class PairScores(NamedTuple):
 
     Attributes:
       method: the run's method.
-      clean_score: float64 ``[N]``, higher = more likely matched (``SCORES[method]``).
+      clean_score: float64 ``[N]``, higher = more likely matched (the method's ``Verdict``).
       rank: int64 ``[N]``, 1 for the lowest score (``rank_of``).
       threshold: the method's cut on ``clean_score`` (pairs at or below it are the ones
         it treats as noisy), or ``None`` where it has no fixed one.
@@ -125,78 +125,10 @@ class _Restored(NamedTuple):
     notes: tuple[str, ...]
 
 
-# --- what each method's score is and where its threshold lies ---------------------------
+# --- what each method's score is and where its threshold lies: Method.verdict ----------
 
-
-def _kwarg(config, name: str):
-    """``method_kwargs.<name>`` of the run, or the factory's default."""
-    if name in config.method_kwargs:
-        return config.method_kwargs[name]
-    return methods.hyperparameters(config.method)[name].default
-
-
-def _gmm_threshold(config, memory0) -> tuple[float, str]:
-    del memory0
-    return float(_kwarg(config, "threshold")), "method_kwargs.threshold, the GMM split"
-
-
-def _half(what: str) -> Callable:
-    return lambda config, memory0: (0.5, what)
-
-
-def _gsc_threshold(config, memory0) -> tuple[None, str]:
-    del config, memory0
-    return None, "GSC's labels weight each pair's loss; they select no pair"
-
-
-def _ugncl_threshold(config, memory0) -> tuple[float | None, str]:
-    """``epsilon`` (``calibration='paper'``: a hard pair with ``q > epsilon`` is
-    hard-clean, Eq. 11); calibrated, none: the division reads ``q`` through a mixture's
-    posterior fitted anew at every division."""
-    del memory0
-    if _kwarg(config, "calibration") == "paper":
-        return float(_kwarg(config, "epsilon")), "method_kwargs.epsilon: q > epsilon is hard-clean"
-    return None, "calibrated division: q is read through a two-component mixture, no fixed cut"
-
-
-class _Score(NamedTuple):
-    what: str  # what clean_score is
-    threshold_fn: Callable  # (config, network 0's memory) -> (threshold | None, rule)
-    caveat: str = ""  # where the score was measured weak, and what to use instead
-
-
-# Measured with the report's real worlds (python -m ncljax.report --worlds=digits,mnist5k,
-# cancer; benchmarks/RESULTS.md): where a method's own belief ranks the mismatched pairs
-# poorly, the audit says so.
-_WEAK = (
-    "{name}'s belief was weak on some real folders (audit AUC {auc} against the true "
-    "mismatches, where GSC's reached {gsc}): read this ranking with care, or train "
-    "configs/gsc.py:vectors on the same folder and audit that run"
-)
-
-
-SCORES = {
-    "ncr": _Score("the GMM posterior that the pair is clean (co-divide)", _gmm_threshold),
-    "pc2": _Score("the GMM posterior that the pair is clean (co-divide)", _gmm_threshold),
-    "gsc": _Score("the consistency label min(cross-modal, intra-modal)", _gsc_threshold),
-    "srem": _Score(
-        "the geometric mean of the pair's two in-batch partner probabilities softmax(F)_ii",
-        lambda config, memory0: (
-            None,
-            "SREM divides each batch by energy and argmax (Eq. 2); no cut on this score",
-        ),
-    ),
-    "ugncl": _Score(
-        "the soft label q, the pair's own belief that its counterpart matches",
-        _ugncl_threshold,
-        _WEAK.format(name="UGNCL", auc="0.82-0.83 on MNIST halves at 60% mismatched", gsc="0.97"),
-    ),
-    "uot_rcl": _Score(
-        "the corrected soft label's mass on the observed labels (mean of image and text)",
-        _half("half the pair's mass on its observed label"),
-    ),
-}
-_DEFAULT = _Score("the method's clean estimate (Method.clean_score_fn)", _half("0.5"))
+# A bundle that declares no verdict (one built by hand, e.g. a new method's first draft).
+_DEFAULT = methods.Verdict("the method's clean estimate (Method.clean_score_fn)", 0.5, "0.5")
 
 
 # --- reading the run -------------------------------------------------------------------
@@ -419,9 +351,8 @@ def pair_scores(workdir: str) -> PairScores:
     else:  # the labels family: the trainer's label_diagnostics read network 0
         labels = _label_columns(method, memory0, pairs)
         clean_score = labels.pop("clean_score")
-    described = SCORES.get(config.method, _DEFAULT)
-    threshold, rule = described.threshold_fn(config, memory0)
-    what = described.what
+    described = method.verdict or _DEFAULT
+    threshold, rule, what = described.threshold, described.rule, described.score
     if method.num_networks > 1 and method.clean_score_fn is not None:
         what += f", mean over the {method.num_networks} networks"
     meta = restored.meta

@@ -107,6 +107,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ncljax import audit as audit_lib
+from ncljax import methods as methods_lib
 from ncljax.data import real_worlds, worlds
 from ncljax.train import rundir
 
@@ -122,19 +123,24 @@ OWN_FIELDS = ("method", "seed", "noise.kind", "noise.rate", "noise.seed", "data.
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A problem family: its methods (baselines first), test metric and baselines."""
+    """A problem family: its test metric and baselines; its methods are the registry's
+    methods of the family (``ncljax.methods.of_family``, baselines first)."""
 
-    methods: tuple[str, ...]
+    kind: str  # ncljax.methods.family of its methods
     metric: str  # the key of results.json
     label: str  # how the tables name it
     baseline_clean: str  # the baseline at rate 0
     baseline_noisy: str  # the baseline at rates above 0
     digits: int
 
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return methods_lib.of_family(self.kind)
+
 
 FAMILIES = {
     worlds.PAIRS: Family(
-        methods=("vse", "infonce", "ncr", "gsc", "srem", "ugncl", "pc2"),
+        kind="pairs",
         metric="rsum",
         label="rSum",
         baseline_clean="vse",
@@ -142,7 +148,7 @@ FAMILIES = {
         digits=1,
     ),
     worlds.LABELS: Family(
-        methods=("ce", "uot_rcl"),
+        kind="labels",
         metric="map_avg",
         label="mAP",
         baseline_clean="ce",

@@ -15,26 +15,46 @@ from ncljax.methods.base import (
     Method,
     RefreshContext,
     Streams,
+    Verdict,
 )
 
+# Name -> factory (``settings.factory``), in the order tables list them. Everything a tool
+# or a test lists per method (the report's families, the audit's verdict, the model fields
+# a method reads) comes from here: see ``family``, ``model_fields`` and ``Method.verdict``.
 REGISTRY: dict[str, Callable[..., Method]] = {
-    "vse": baselines.vse,
-    "infonce": baselines.infonce,
-    "ce": baselines.ce,
-    "uot_rcl": uot_rcl.uot_rcl,
-    "gsc": gsc.gsc,
-    "ncr": ncr.ncr,
-    "srem": srem.srem,
-    "ugncl": ugncl.ugncl,
-    "pc2": pc2.pc2,
+    factory.__name__: factory  # settings.factory's name
+    for factory in (
+        baselines.vse,
+        baselines.infonce,
+        ncr.ncr,
+        gsc.gsc,
+        srem.srem,
+        ugncl.ugncl,
+        pc2.pc2,
+        baselines.ce,
+        uot_rcl.uot_rcl,
+    )
 }
 
 # A factory parameter of this name is not a hyperparameter: the trainer passes the run's
 # ``model`` config section to factories that declare it (a method that reads the head).
 MODEL_CONFIG = settings.MODEL_CONFIG
 
-# Methods whose models have image views (config field model.views); no other reads it.
-MULTI_VIEW = frozenset({"ugncl"})
+
+def family(name: str) -> str:
+    """The problem method ``name`` solves: ``'pairs'`` (noisy correspondence) or
+    ``'labels'`` (noisy labels); a factory that declares none solves ``'pairs'``."""
+    return getattr(REGISTRY[name], "family", "pairs")
+
+
+def of_family(kind: str) -> tuple[str, ...]:
+    """The registered methods of family ``kind``, in the registry's order."""
+    return tuple(n for n in REGISTRY if family(n) == kind)
+
+
+def model_fields(name: str) -> tuple[str, ...]:
+    """The ``model`` config fields only method ``name`` reads (e.g. UGNCL's ``views``)."""
+    return tuple(getattr(REGISTRY[name], "model_fields", ()))
 
 
 def hyperparameters(name: str) -> dict[str, inspect.Parameter]:
@@ -71,7 +91,6 @@ def build_method(name: str, kwargs: Mapping | None = None, model_config=None) ->
 
 
 __all__ = [
-    "MULTI_VIEW",
     "REGISTRY",
     "Aux",
     "EpochPlan",
@@ -81,6 +100,10 @@ __all__ = [
     "Method",
     "RefreshContext",
     "Streams",
+    "Verdict",
     "build_method",
+    "family",
     "hyperparameters",
+    "model_fields",
+    "of_family",
 ]

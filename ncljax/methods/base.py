@@ -121,11 +121,36 @@ methods x worlds x noise rates x seeds.
 Phases: ``EpochPlan.phase`` is a small int; ``WARMUP`` and ``MAIN`` are shared by every
 method with a warm-up, a method numbers further phases after ``MAIN``, and ``STATS`` is
 the phase its ``forward_fn`` sees in the trainer's statistics pass (eval mode).
+
+Adding a method
+---------------
+Three files and one line; nothing in the trainer, the config schema, the audit, the
+report or the tests names a method (``tests/methods/test_recipe.py`` follows this recipe
+with a toy method):
+
+1. ``ncljax/methods/<name>.py``: a ``Settings`` NamedTuple (every field with a default
+   and a docstring line), ``CHECKS`` (a ``settings.Rule`` per field), the module
+   functions that take the settings first (at least ``loss``; ``init_memory``,
+   ``stats``, ``refresh``, ``plan`` where the method has them; their names are those of
+   ``MODULE_FUNCTIONS``), a ``bind(s)`` that returns ``bind_module(module, s, ...)``
+   with the fields the module cannot name (``clean_score_fn`` and its :class:`Verdict`
+   for the audit, ``num_networks``), and ``<name> = settings.factory('<name>',
+   Settings, CHECKS, bind, family='pairs')`` (``'labels'`` for a noisy-label method):
+   the name is written there only. Losses and estimators it needs that are pure go to
+   ``ncljax/losses`` and ``ncljax/labels``, each with an oracle test.
+2. One line in ``ncljax.methods.REGISTRY``'s list of factories: ``<module>.<name>``.
+3. ``configs/<name>.py``: ``get_config(arg)`` from ``presets.start`` with
+   ``config.method = '<name>'`` and ``config.method_kwargs =
+   config_lib.method_kwargs('<name>', ...)`` (only what differs from the defaults),
+   taking ``:synthetic`` and ``:vectors``.
+4. Its tests: the registry-driven ones (backbones, vectors folders, worlds, settings,
+   the report, the audit) include it; add its own oracle tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -309,6 +334,24 @@ def _identity(x):
     return x
 
 
+class Verdict(NamedTuple):
+    """What ``python -m ncljax.audit`` tells a user about the method's per-pair score
+    (``clean_score_fn``, or a labels method's clean estimate).
+
+    Attributes:
+      score: what the score is, in words (``audit.json``'s ``score``).
+      threshold: the cut the method itself applies to it, or ``None`` where it applies
+        none (the audit then ranks without a cut).
+      rule: where the cut comes from, or why there is none.
+      caveat: where the score was measured weak, and what to use instead ("" if nowhere).
+    """
+
+    score: str
+    threshold: float | None
+    rule: str
+    caveat: str = ""
+
+
 class Method(NamedTuple):
     """A training method as a bundle of pure functions (see the module docstring).
 
@@ -347,6 +390,9 @@ class Method(NamedTuple):
         for the logs (``(sum, count)`` pairs), or ``None``.
       settings: the method's frozen ``Settings`` (its checked hyperparameters), or
         ``None`` for a bundle built by hand.
+      verdict: what the audit says about the method's score (:class:`Verdict`), or
+        ``None`` (a baseline; or a bundle built by hand, whose score the audit describes
+        as "the method's clean estimate" with the cut 0.5).
     """
 
     name: str
@@ -368,6 +414,7 @@ class Method(NamedTuple):
     heads_fn: Callable[..., dict] | None = None
     step_metrics_fn: Callable[..., dict[str, Array]] | None = None
     settings: Any = None
+    verdict: Verdict | None = None
 
 
 # A method module's functions that take its settings first, by the ``Method`` field each
@@ -384,19 +431,45 @@ MODULE_FUNCTIONS = {
 }
 
 
-def bind_module(name: str, module, s, **fields) -> Method:
+def bind_module(module, s, **fields) -> Method:
     """The ``Method`` of a method module with its settings ``s`` bound.
 
     Each of the module's top-level functions named in ``MODULE_FUNCTIONS`` (``loss``,
     ``plan``, ``refresh``, ...) fills its field with ``s`` bound as the first argument;
     ``fields`` give the rest (``num_networks``, ``clean_score_fn``, ...) and override a
     bound function where the module binds more than ``s`` (e.g. a compiled estimator).
+    The name is the factory's (``settings.factory`` sets it; until then the module's).
+
+    Raises:
+      TypeError: the module has no ``loss`` (and ``fields`` no ``loss_fn``), or a
+        top-level function whose name is a near miss of one of ``MODULE_FUNCTIONS``
+        (``refrsh``), which would silently not be bound.
     """
+    own = {
+        n
+        for n, f in vars(module).items()
+        if callable(f)
+        and not n.startswith("_")
+        and getattr(f, "__module__", None) == module.__name__
+    }
+    unbound = [
+        fn for field, fn in MODULE_FUNCTIONS.items() if fn not in own and field not in fields
+    ]
+    for n in sorted(own - set(MODULE_FUNCTIONS.values())):
+        near = difflib.get_close_matches(n, unbound, n=1, cutoff=0.8)
+        if near:
+            raise TypeError(
+                f"{module.__name__}.{n} looks like {near[0]!r}, a method function "
+                f"(ncljax.methods.base.MODULE_FUNCTIONS), and would not be bound: rename it."
+            )
+    if "loss" not in own and "loss_fn" not in fields:
+        raise TypeError(f"{module.__name__} has no loss function: define loss(s, outputs, ...).")
     bound = {
         field: functools.partial(getattr(module, fn), s)
         for field, fn in MODULE_FUNCTIONS.items()
-        if field not in fields and callable(getattr(module, fn, None))
+        if field not in fields and fn in own
     }
+    name = fields.pop("name", module.__name__.rsplit(".", 1)[-1])
     return Method(name=name, **bound, **fields, settings=s)
 
 

@@ -148,4 +148,4 @@ def bind_ce(s: CESettings) -> base.Method:
 
 vse = settings.factory("vse", VSESettings, VSE_CHECKS, bind_vse)
 infonce = settings.factory("infonce", InfoNCESettings, INFONCE_CHECKS, bind_infonce)
-ce = settings.factory("ce", CESettings, CE_CHECKS, bind_ce)
+ce = settings.factory("ce", CESettings, CE_CHECKS, bind_ce, family="labels")

@@ -291,3 +291,13 @@ def warn_division_fallback(name: str, ctx, checked, divided) -> None:
         else "no previous division, its peer trains with the warm-up objective"
     )
     logging.warning(f"%s: network %d's {what}; fallback: %s.", name, ctx.network, ctx.epoch, rule)
+
+
+def verdict(s: Settings) -> base.Verdict:
+    """The audit's reading of a co-divide method's score: the GMM posterior, cut at the
+    split the method selects its clean pairs with (``threshold``)."""
+    return base.Verdict(
+        "the GMM posterior that the pair is clean (co-divide)",
+        float(s.threshold),
+        "method_kwargs.threshold, the GMM split",
+    )

@@ -353,14 +353,21 @@ def clean_score(memory: base.Memory) -> jax.Array:
     return memory.samples["labels"]
 
 
+VERDICT = base.Verdict(
+    "the consistency label min(cross-modal, intra-modal)",
+    None,
+    "GSC's labels weight each pair's loss; they select no pair",
+)
+
+
 def bind(s: Settings) -> base.Method:
     """GSC's bundle with the settings ``s`` bound."""
     return base.bind_module(
-        "gsc",
         sys.modules[__name__],
         s,
         refresh_fn=functools.partial(refresh, s, update_fn=label_updater(s)),
         clean_score_fn=clean_score,
+        verdict=VERDICT,
         diagnostic_scores_fn=diagnostic_scores,
         num_networks=s.num_networks,
     )

@@ -224,10 +224,10 @@ def diagnostic_scores(memory: base.Memory) -> dict:
 def bind(s: Settings) -> base.Method:
     """NCR's bundle with the settings ``s`` bound."""
     return base.bind_module(
-        "ncr",
         sys.modules[__name__],
         s,
         clean_score_fn=clean_score,
+        verdict=coteaching.verdict(s),
         diagnostic_scores_fn=diagnostic_scores,
         num_networks=s.num_networks,
         loss_reduction=s.loss_reduction,

@@ -675,12 +675,12 @@ def bind(s: Settings, model_config=None) -> base.Method:
     check_model(s, model_config)
     p = functools.partial
     return base.bind_module(
-        "pc2",
         sys.modules[__name__],
         s,
         forward_fn=p(forward, s, sequences=reads_sequences(s, model_config)),
         heads_fn=p(heads, s, model_config),
         clean_score_fn=clean_score,
+        verdict=coteaching.verdict(s),
         diagnostic_scores_fn=diagnostic_scores,
         step_metrics_fn=step_metrics,
         num_networks=2,

@@ -184,6 +184,8 @@ def require(ok: bool, method: str, name: str, requirement: str, value) -> None:
 # A ``bind`` parameter of this name is not a hyperparameter: the trainer passes the run's
 # ``model`` config section to the factories whose ``bind`` declares it.
 MODEL_CONFIG = "model_config"
+# The problems a method solves: noisy correspondence (Recall@K) or noisy labels (mAP).
+FAMILIES = ("pairs", "labels")
 
 
 def factory(
@@ -193,6 +195,8 @@ def factory(
     bind: Callable[..., Any],
     *,
     validate: Callable[[Mapping[str, Any]], None] | None = None,
+    family: str = "pairs",
+    model_fields: tuple[str, ...] = (),
 ) -> Callable[..., Any]:
     """The registry factory of a method: keyword arguments -> checked ``Settings`` -> bundle.
 
@@ -206,11 +210,19 @@ def factory(
         for a method that reads the run's ``model`` config section.
       validate: ``validate(values)``, constraints between arguments (:func:`require`),
         run after every argument passed its own rule.
+      family: ``'pairs'`` (noisy correspondence, Recall@K) or ``'labels'`` (noisy
+        labels, mAP): the problem the method solves, which the report and the tools read
+        (``ncljax.methods.family``).
+      model_fields: the ``model`` config fields only this method reads (UGNCL's
+        ``views``); validation refuses them for other methods.
 
     Returns:
       ``make(**kwargs) -> Method`` whose signature lists the settings (keyword-only, with
-      their defaults) and ``model_config`` where ``bind`` takes it.
+      their defaults) and ``model_config`` where ``bind`` takes it; ``make.family`` and
+      ``make.model_fields`` are the arguments of the same names.
     """
+    if family not in FAMILIES:
+        raise ValueError(f"{name}: family must be one of {FAMILIES}, got {family!r}")
     defaults = _defaults(name, settings_type)
     takes_model = MODEL_CONFIG in inspect.signature(bind).parameters
 
@@ -224,7 +236,8 @@ def factory(
         if validate is not None:
             validate(values)
         s = settings_type(**values)
-        return bind(s, model_config=model_config) if takes_model else bind(s)
+        method = bind(s, model_config=model_config) if takes_model else bind(s)
+        return method._replace(name=name)  # the name is written once: here
 
     hints = typing.get_type_hints(settings_type)  # a config reads a None field's type here
     params = [
@@ -245,6 +258,7 @@ def factory(
         f"``{settings_type.__qualname__}`` (checked, then bound).\n\n{settings_type.__doc__ or ''}"
     )
     make.Settings = settings_type
+    make.family, make.model_fields = family, tuple(model_fields)
     return make
 
 

@@ -576,14 +576,21 @@ def log_settings(s: Settings) -> None:
     )
 
 
+VERDICT = base.Verdict(
+    "the geometric mean of the pair's two in-batch partner probabilities softmax(F)_ii",
+    None,
+    "SREM divides each batch by energy and argmax (Eq. 2); no cut on this score",
+)
+
+
 def bind(s: Settings) -> base.Method:
     """SREM's bundle: the functions above with the settings ``s`` bound."""
     log_settings(s)
     return base.bind_module(
-        "srem",
         sys.modules[__name__],
         s,
         clean_score_fn=partner_score,
+        verdict=VERDICT,
         diagnostic_scores_fn=diagnostic_scores,
     )
 

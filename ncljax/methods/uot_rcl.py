@@ -387,22 +387,29 @@ def label_estimate(memory: base.Memory) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(labels, -1), labels.sum(-1) > 0.5
 
 
+VERDICT = base.Verdict(
+    "the corrected soft label's mass on the observed labels (mean of image and text)",
+    0.5,
+    "half the pair's mass on its observed label",
+)
+
+
 def bind(s: Settings, model_config=None) -> base.Method:
     """UOT-RCL's bundle with the settings ``s`` bound; ``model_config`` (the run's model
     section, where given) says which raw inputs the confident set keeps."""
     fields = _GLOBAL_INPUTS if model_config is None else models.input_fields(model_config)
     return base.bind_module(
-        "uot_rcl",
         sys.modules[__name__],
         s,
         init_memory=functools.partial(init_memory, s, fields=fields),
         refresh_fn=functools.partial(refresh, s, estimate_fn=estimator(s)),
         label_estimate_fn=label_estimate,
+        verdict=VERDICT,
         num_networks=s.num_networks,
     )
 
 
-uot_rcl = settings.factory("uot_rcl", Settings, CHECKS, bind)
+uot_rcl = settings.factory("uot_rcl", Settings, CHECKS, bind, family="labels")
 
 
 def _marginal(labels_image, labels_text, num_classes: int, kind: str) -> jax.Array:

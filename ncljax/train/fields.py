@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
+from ncljax import methods
 from ncljax.train import config as config_lib
 from ncljax.train import evaluator, optim
 
@@ -156,9 +157,7 @@ def _both(first: Read, second: Read, note: str = "") -> Read:
 
 
 def _multi_view(c) -> bool:
-    from ncljax.methods import MULTI_VIEW  # late: no import of the method registry at load
-
-    return c.method in MULTI_VIEW
+    return c.method in methods.REGISTRY and "views" in methods.model_fields(c.method)
 
 
 # The read conditions, in the order their unread fields are reported.
@@ -171,7 +170,7 @@ CLASSIFIER = _both(
 )
 SGRAF = _is("model.head", "sgr", "saf")
 SGR = _is("model.head", "sgr")
-MULTI_VIEW = Read(("method",), _multi_view, "a method with image views (ugncl)")
+MULTI_VIEW = Read(("method",), _multi_view, "a method with image views (model_fields 'views')")
 ADAMW = _is("optim.name", "adamw")
 STEP_SCHEDULE = _is("optim.schedule", "step")
 RECALL = _is("eval.kind", "recall")

@@ -15,24 +15,15 @@ import sys
 import numpy as np
 import pytest
 
+from ncljax import methods
 from ncljax.data import noise, sources, synthetic, vectors, worlds
 from ncljax.train import config as config_lib
 from ncljax.train import presets, train_and_evaluate, validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {"train": 12, "val": 11, "test": 11}  # images per split (Recall@10 needs 11)
-# The config files that take ':vectors', and whether they train on labels.
-VECTORS_CONFIGS = {
-    "vse": False,
-    "infonce": False,
-    "ncr": False,
-    "gsc": False,
-    "srem": False,
-    "ugncl": False,
-    "pc2": False,
-    "ce": True,
-    "uot_rcl": True,
-}
+# The config files that take ':vectors' (every method's), and whether they train on labels.
+VECTORS_CONFIGS = {name: methods.family(name) == "labels" for name in methods.REGISTRY}
 
 
 def make_arrays(*, cpi=1, dtype=np.float32, d_img=6, d_txt=4, labels=False, texts=False, seed=0):

@@ -45,7 +45,7 @@ from tests.methods.conftest import N
 from tests.methods.steps import train_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-METHODS = ("vse", "infonce", "gsc", "ncr", "srem", "ugncl", "pc2")
+METHODS = methods.of_family("pairs")  # every correspondence method trains on SGR and SAF
 HEADS = ("sgr", "saf")
 PAIRS = 8  # pairs per batch: SGRAF's work grows with B x B
 STEADY_EPOCH = 1000  # past every warm-up and start epoch of the f30k schedules

@@ -34,7 +34,7 @@ def _srem_step(data, tau):
     return metrics
 
 
-@pytest.mark.parametrize("mean_fn", [diagnostics.mean_of_sums, loop_lib._mean])
+@pytest.mark.parametrize("mean_fn", [diagnostics.mean_of_sums, loop_lib.mean_of_sums])
 def test_accumulated_means_are_exact_and_undefined_over_nothing(mean_fn):
     """Hand-worked: a pull of total 0.6 with 0.3 on noisy pairs is a share of 1/2 (not
     0.3 / max(0.6, 1)); a precision over no selected pair is NaN (not 0)."""

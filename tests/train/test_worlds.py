@@ -7,13 +7,14 @@ import os
 import numpy as np
 import pytest
 
+from ncljax import methods
 from ncljax.data import sources, worlds
 from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate, validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PAIR_FILES = ("vse", "infonce", "ncr", "gsc", "srem", "ugncl", "pc2", "quickstart")
-LABEL_FILES = ("ce", "uot_rcl")
+PAIR_FILES = (*methods.of_family("pairs"), "quickstart")
+LABEL_FILES = methods.of_family("labels")
 
 
 def load(name, arg):
