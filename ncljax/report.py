@@ -1192,6 +1192,20 @@ def markdown(
     """The report as markdown (``noisy_val``: the runs' real-world validation lied;
     ``damaged``: ``scan``'s damaged runs)."""
     f = FAMILIES[family]
+    lines = _md_intro(rows, finished, family, noisy_val)
+    lines += _md_sweep(sweep_info)
+    if plot_name:
+        lines += [f"![{f.label} against noise rate]({plot_name})", ""]
+    lines += _md_results(rows, f)
+    lines += _md_below(rows, family, f)
+    lines += _md_failed(failed, damaged)
+    lines += _md_wall(finished)
+    return "\n".join(lines) + "\n"
+
+
+def _md_intro(rows, finished, family: str, noisy_val: bool) -> list[str]:
+    """The title and what the table's numbers are (and, with real worlds, their path)."""
+    f = FAMILIES[family]
     what = "noisy correspondence" if family == worlds.PAIRS else "noisy labels"
     seeds = sorted({r["seed"] for r in finished})
     lines = [
@@ -1228,6 +1242,12 @@ def markdown(
             "and at rate 0.",
             "",
         ]
+    return lines
+
+
+def _md_sweep(sweep_info: dict | None) -> list[str]:
+    """The last sweep's command and counts."""
+    lines = []
     if sweep_info:
         refused = sweep_info.get("refused", 0)
         lines += [
@@ -1237,8 +1257,12 @@ def markdown(
             + f"wall time {sweep_info['wall_s']:.0f} s (finished {sweep_info['finished']}).",
             "",
         ]
-    if plot_name:
-        lines += [f"![{f.label} against noise rate]({plot_name})", ""]
+    return lines
+
+
+def _md_results(rows, f: Family) -> list[str]:
+    """The results table, one row per world, method and rate."""
+    lines = []
     lines += [
         "## Results",
         "",
@@ -1261,6 +1285,12 @@ def markdown(
         "method (`method_kwargs.warmup_epochs`); *fallback*: the largest `fallback_share` "
         "of the seeds (the share of main-phase steps that trained a fallback objective).",
     ]
+    return lines
+
+
+def _md_below(rows, family: str, f: Family) -> list[str]:
+    """The cells where a method's mean is below the baseline's."""
+    lines = []
     clean, noisy = _name(f.baseline_clean), _name(f.baseline_noisy)
     rule = f"{noisy}" if clean == noisy else f"{noisy} at rates above 0, {clean} at rate 0"
     lines += [
@@ -1282,6 +1312,12 @@ def markdown(
             f"{_pm(c['mean'], c['std'], f.digits)} | "
             f"{below or ('none' if c['compared'] else 'no method to compare')} |"
         )
+    return lines
+
+
+def _md_failed(failed, damaged) -> list[str]:
+    """The failed runs and the damaged run folders, if any."""
+    lines = []
     if failed:
         lines += ["", "## Failed runs", "", "| method | world | rate | seed | log | last line |"]
         lines.append("|---|---|---:|---:|---|---|")
@@ -1297,6 +1333,12 @@ def markdown(
         for d in damaged:
             problem = d["problem"].replace("|", "\\|")
             lines.append(f"| {d['workdir']} | {problem} |")
+    return lines
+
+
+def _md_wall(finished) -> list[str]:
+    """Each finished run's wall time, in a folded table."""
+    lines = []
     timed = [r for r in finished if r["wall_s"] is not None]
     lines += [
         "",
@@ -1319,7 +1361,7 @@ def markdown(
             f"{r['wall_s']:.1f} | {epoch} | {warm} | {audit} |"
         )
     lines += ["", "</details>"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(rows: Sequence[dict], family: str, path: str) -> None:

@@ -58,6 +58,7 @@ field of :class:`Settings` with the spec's suggestion (``srem.md`` Sec. 5.3, 8).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import NamedTuple
@@ -722,8 +723,7 @@ def srem_loss(
         raise ValueError(f"rectify must be one of {srem_losses.RECTIFY}, got {rectify!r}")
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.result_type(logits, jnp.float32))
-    num = logits.shape[0]
-    valid = selection.valid_rows(num, where)
+    valid = selection.valid_rows(logits.shape[0], where)
     views = {"i2t": logits, "t2i": logits.T}
     per_direction = {
         name: dict(
@@ -731,12 +731,65 @@ def srem_loss(
         )
         for name, value in (("threshold", threshold), ("m_clean", m_clean), ("m_noisy", m_noisy))
     }
+    estimates = _batch_estimates(
+        views,
+        valid,
+        per_direction["threshold"],
+        margin=margin,
+        clean_set=clean_set,
+        gradient_weighting=gradient_weighting,
+        sgw_indicator=sgw_indicator,
+    )
+    terms = functools.partial(
+        _direction_terms,
+        valid=valid,
+        warmup=warmup,
+        fallback=fallback,
+        margin=margin,
+        beta=beta,
+        offset=offset,
+        lambda1=lambda1,
+        lambda2=lambda2,
+        warmup_weight=lambda2 if warmup_lambda2 else 1.0,
+        rectify=rectify,
+        complementary=dict(
+            reduction=cl_reduction,
+            prob=cl_prob,
+            rcl_temperature=rcl_temperature,
+            form=rectify if rectify.startswith("matmul") else "expectation",
+            where=valid,
+        ),
+    )
+    total = jnp.zeros(logits.shape[0], logits.dtype)
+    directions = {}
+    for d, f in views.items():
+        bounds = {k: per_direction[k][d] for k in ("m_clean", "m_noisy")}
+        share, directions[d] = terms(f, estimates[d], **bounds)
+        total = total + share
+    return jnp.where(valid, total, 0.0), directions
+
+
+class _Estimates(NamedTuple):
+    """One direction's estimates on the batch (``ncljax.labels.srem``)."""
+
+    score: jax.Array  # sigmoid(F)
+    energy: jax.Array
+    clean: jax.Array
+    hard_negative: jax.Array
+    entropy: jax.Array
+    argument: jax.Array
+    weight: jax.Array
+
+
+def _batch_estimates(
+    views, valid, thresholds, *, margin, clean_set, gradient_weighting, sgw_indicator
+) -> dict[str, _Estimates]:
+    """Each direction's energies, clean set (after ``clean_set``), hardest negatives,
+    entropies, hinge arguments and swapped weights (1 without ``gradient_weighting``)."""
+    num = valid.shape[0]
     scores = {d: jax.nn.sigmoid(f) for d, f in views.items()}
     energies = {d: selection.energy(f, where=valid) for d, f in views.items()}
-    selected = {
-        d: selection.clean_mask(f, per_direction["threshold"][d], where=valid)
-        for d, f in views.items()
-    }
+    selected = {d: selection.clean_mask(f, thresholds[d], where=valid) for d, f in views.items()}
     clean = {}
     clean["i2t"], clean["t2i"] = selection.combine_clean_masks(
         selected["i2t"], selected["t2i"], clean_set
@@ -746,7 +799,7 @@ def srem_loss(
     argument = {
         d: jax.lax.stop_gradient(selection.hinge_argument(scores[d], phi[d], margin)) for d in views
     }
-    omega = {d: jnp.ones(num, logits.dtype) for d in views}
+    omega = {d: jnp.ones(num, views[d].dtype) for d in views}
     if gradient_weighting:
         omega["i2t"], omega["t2i"] = selection.swap_weights(
             entropy["i2t"],
@@ -755,66 +808,73 @@ def srem_loss(
             argument["t2i"],
             indicator=sgw_indicator,
         )
-    form = rectify if rectify.startswith("matmul") else "expectation"
-    zeros = jnp.zeros(num, logits.dtype)
-    total = zeros
-    directions = {}
-    warmup_weight = lambda2 if warmup_lambda2 else 1.0
-    for d, f in views.items():
-        degenerate = jnp.asarray(False)
-        if fallback and not warmup:
-            degenerate = selection.degenerate_division(clean[d], where=valid)
-        used = jnp.zeros(num, bool) if warmup else clean[d] & ~degenerate
-        mask = selection.complementary_mask(used, phi[d], where=valid)
-        selection_probs = selection.ms_selection_probs(scores[d], beta, offset, where=valid)
-        q = selection.rectified_complementary_dist(
-            selection_probs, mask, rectify=rectify != "uniform"
+    return {
+        d: _Estimates(scores[d], energies[d], clean[d], phi[d], entropy[d], argument[d], omega[d])
+        for d in views
+    }
+
+
+def _direction_terms(
+    f,
+    est: _Estimates,
+    *,
+    valid,
+    warmup,
+    fallback,
+    margin,
+    beta,
+    offset,
+    lambda1,
+    lambda2,
+    warmup_weight,
+    rectify,
+    complementary,
+    m_clean,
+    m_noisy,
+) -> tuple[jax.Array, SREMDirection]:
+    """One direction's share of the objective ``[B]`` (warm-up: the weighted
+    complementary term; main: hinge, energy and complementary terms, or the warm-up term
+    where ``fallback`` finds the division degenerate) and its :class:`SREMDirection`."""
+    zeros = jnp.zeros(valid.shape[0], f.dtype)
+    degenerate = jnp.asarray(False)
+    if fallback and not warmup:
+        degenerate = selection.degenerate_division(est.clean, where=valid)
+    used = jnp.zeros(valid.shape[0], bool) if warmup else est.clean & ~degenerate
+    mask = selection.complementary_mask(used, est.hard_negative, where=valid)
+    selection_probs = selection.ms_selection_probs(est.score, beta, offset, where=valid)
+    q = selection.rectified_complementary_dist(selection_probs, mask, rectify=rectify != "uniform")
+    comp = srem_losses.complementary_loss(f, q, mask, **complementary)
+    if warmup:
+        hinge = energy_loss = pull = zeros
+        share = warmup_weight * comp
+    else:
+        phi, omega = est.hard_negative, est.weight
+        hinge = srem_losses.weighted_hinge_loss(
+            est.score, phi, omega, used, margin=margin, where=valid
         )
-        comp = srem_losses.complementary_loss(
-            f,
-            q,
-            mask,
-            reduction=cl_reduction,
-            prob=cl_prob,
-            rcl_temperature=rcl_temperature,
-            form=form,
-            where=valid,
+        energy_loss = srem_losses.energy_bounded_loss(
+            est.energy, used, m_clean=m_clean, m_noisy=m_noisy, where=valid
         )
-        if warmup:
-            hinge = energy_loss = pull = zeros
-            total = total + warmup_weight * comp
-        else:
-            hinge = srem_losses.weighted_hinge_loss(
-                scores[d], phi[d], omega[d], used, margin=margin, where=valid
+        pull = selection.positive_pull(est.score, phi, omega, used, margin)
+        share = 0.5 * hinge + lambda1 * energy_loss + lambda2 * comp
+        if fallback:
+            hinge, energy_loss, pull = (
+                jnp.where(degenerate, 0.0, v) for v in (hinge, energy_loss, pull)
             )
-            energy_loss = srem_losses.energy_bounded_loss(
-                energies[d],
-                used,
-                m_clean=per_direction["m_clean"][d],
-                m_noisy=per_direction["m_noisy"][d],
-                where=valid,
-            )
-            pull = selection.positive_pull(scores[d], phi[d], omega[d], used, margin)
-            main = 0.5 * hinge + lambda1 * energy_loss + lambda2 * comp
-            if fallback:
-                hinge, energy_loss, pull = (
-                    jnp.where(degenerate, 0.0, v) for v in (hinge, energy_loss, pull)
-                )
-                main = jnp.where(degenerate, warmup_weight * comp, main)
-            total = total + main
-        directions[d] = SREMDirection(
-            energy=energies[d],
-            clean=clean[d],
-            hard_negative=phi[d],
-            entropy=entropy[d],
-            argument=argument[d],
-            weight=omega[d],
-            mask=mask,
-            q=q,
-            hinge=hinge,
-            energy_loss=energy_loss,
-            complementary=comp,
-            pull=pull,
-            fallback=degenerate,
-        )
-    return jnp.where(valid, total, 0.0), directions
+            share = jnp.where(degenerate, warmup_weight * comp, share)
+    direction = SREMDirection(
+        energy=est.energy,
+        clean=est.clean,
+        hard_negative=est.hard_negative,
+        entropy=est.entropy,
+        argument=est.argument,
+        weight=est.weight,
+        mask=mask,
+        q=q,
+        hinge=hinge,
+        energy_loss=energy_loss,
+        complementary=comp,
+        pull=pull,
+        fallback=degenerate,
+    )
+    return share, direction

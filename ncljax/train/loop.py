@@ -100,47 +100,10 @@ def train_and_evaluate(
     if config.distributed:
         jax.distributed.initialize()
     # Every field is checked, and everything built, before anything is written.
-    validation.check(config, overridden)
-    config = _absolute_folder(config)
-    dataset = sources.load_dataset(config.data)
-    info = dataset.info
-    validation.check(config, info=info)
-    method = methods.build_method(config.method, config.method_kwargs, config.model)
-    image_fields, text_fields = models.input_fields(config.model)
-    train_split = dataset.split("train")
-    pairs = pipeline.training_pairs(
-        train_split,
-        config.noise,
-        num_classes=info.num_classes,
-        image_fields=image_fields,
-        text_fields=text_fields,
-    )
-    validation.check(config, realised_rate=pairs.realised_rate)
-    mesh = mesh_lib.make_mesh(config.train.num_devices)
-    validation.check(config, mesh_size=mesh.size)
-    tx = optim.make_optimizer(config.optim)
+    config, b = _build(config, overridden)
+    method, pairs, mesh, tx, graphdef, state, evaluator, train_split = b
+    text_fields = models.input_fields(config.model)[1]
     schedule = optim.learning_rate_schedule(config.optim, num_epochs=config.train.epochs)
-    init = InitContext(
-        pairs.num_records, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim
-    )
-    graphdef, state = state_lib.create(
-        model_fn=lambda rngs: models.build_model(
-            config.model, info, rngs, heads_fn=method.heads_fn
-        ),
-        tx=tx,
-        memory=method.init_memory(init),
-        num_networks=method.num_networks,
-        seed=config.seed,
-    )
-    evaluator = evaluator_lib.Evaluator(
-        graphdef,
-        dataset,
-        config,
-        mesh,
-        transform=method.eval_transform,
-        fields=(image_fields, text_fields),
-        pool=method.eval_pool,
-    )
 
     rundir.make_workdir(workdir)
     with contextlib.ExitStack() as stack:
@@ -184,12 +147,83 @@ def train_and_evaluate(
         return _train(run, graphdef, state, evaluator, mesh, workdir, callbacks)
 
 
+def _build(config, overridden):
+    """Checks every field and builds the run (data, method, noisy pairs, mesh, optimiser,
+    model and state, evaluator) before anything is written: ``(config, built)`` with
+    ``data.folder`` made absolute."""
+    validation.check(config, overridden)
+    config = _absolute_folder(config)
+    dataset = sources.load_dataset(config.data)
+    info = dataset.info
+    validation.check(config, info=info)
+    method = methods.build_method(config.method, config.method_kwargs, config.model)
+    image_fields, text_fields = models.input_fields(config.model)
+    train_split = dataset.split("train")
+    pairs = pipeline.training_pairs(
+        train_split,
+        config.noise,
+        num_classes=info.num_classes,
+        image_fields=image_fields,
+        text_fields=text_fields,
+    )
+    validation.check(config, realised_rate=pairs.realised_rate)
+    mesh = mesh_lib.make_mesh(config.train.num_devices)
+    validation.check(config, mesh_size=mesh.size)
+    tx = optim.make_optimizer(config.optim)
+    init = InitContext(
+        pairs.num_records, info, pairs.labels_image, pairs.labels_text, config.model.embed_dim
+    )
+    graphdef, state = state_lib.create(
+        model_fn=lambda rngs: models.build_model(
+            config.model, info, rngs, heads_fn=method.heads_fn
+        ),
+        tx=tx,
+        memory=method.init_memory(init),
+        num_networks=method.num_networks,
+        seed=config.seed,
+    )
+    evaluator = evaluator_lib.Evaluator(
+        graphdef,
+        dataset,
+        config,
+        mesh,
+        transform=method.eval_transform,
+        fields=(image_fields, text_fields),
+        pool=method.eval_pool,
+    )
+    return config, (method, pairs, mesh, tx, graphdef, state, evaluator, train_split)
+
+
 def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     """The run in its locked workdir: resume, the epochs, then the test of the best model."""
-    config, method, pairs = run.config, run.method, run.pairs
-    checkpointer, writer = run.checkpointer, run.writer
-    n, num_epochs = pairs.num_records, config.train.epochs
-    state = mesh_lib.replicate(state, mesh)
+    config, method = run.config, run.method
+    num_epochs = config.train.epochs
+    state, meta, saved_sets = _resume(run, mesh_lib.replicate(state, mesh), workdir)
+    kind = evaluator_lib.eval_kind(config)
+    refresh = Refresher(graphdef, method, run.pairs, mesh, config, num_epochs)
+    with jax.set_mesh(mesh):
+        for epoch in range(meta["epoch"], num_epochs):
+            plan = method.plan_fn(epoch)
+            state, meta, encoded, epoch_passes = _train_epoch(
+                run, state, refresh, epoch, plan, meta, saved_sets
+            )
+            saved_sets = None
+            meta = {k: v for k, v in meta.items() if k not in _PARTIAL}
+            _check_finite(state, run.checkpointer)
+            val = _validate(run, state, evaluator, workdir, epoch, epoch_passes, kind)
+            meta = _select(run, state, meta, plan, epoch, val[kind.selection], kind.selection)
+            meta = {**meta, "epoch": epoch + 1, "pass": 0, "position": 0}
+            run.checkpointer.save(state, meta, encoded)
+            for callback in callbacks:
+                callback(epoch, val)
+        test, best_meta = _test_best(run, state, meta, evaluator, workdir, kind.selection)
+    return _finish(run, state, test, best_meta, workdir, kind)
+
+
+def _resume(run, state, workdir: str):
+    """``(state, meta, saved stream sets)``: the latest checkpoint's, or a fresh run's
+    (the metrics log cut back to the checkpoint's step either way)."""
+    method, n = run.method, run.pairs.num_records
     meta = {
         "best_value": -math.inf,
         "best_epoch": -1,
@@ -199,7 +233,7 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
         "position": 0,
     }
     saved_sets = None
-    restored = checkpointer.restore(state, passes.encode_streams([], method.num_networks, n))
+    restored = run.checkpointer.restore(state, passes.encode_streams([], method.num_networks, n))
     if restored is not None:
         state, meta, saved = restored
         saved_sets = passes.decode_streams(saved)
@@ -207,91 +241,100 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             f"Resumed from step {int(state.step)} in {workdir} (epoch {meta['epoch']}, "
             f"pass {meta['pass']}, step {meta['position']} of the pass)."
         )
-    writer.truncate_after(int(state.step) if restored is not None else -1)
+    run.writer.truncate_after(int(state.step) if restored is not None else -1)
+    return state, meta, saved_sets
 
-    kind = evaluator_lib.eval_kind(config)
-    selection = kind.selection
-    refresh = Refresher(graphdef, method, pairs, mesh, config, num_epochs)
 
-    with jax.set_mesh(mesh):
-        for epoch in range(meta["epoch"], num_epochs):
-            plan = method.plan_fn(epoch)
-            resuming = saved_sets is not None and (meta["pass"] or meta["position"])
-            if resuming:  # mid-epoch: refresh, reset and streams are in the checkpoint
-                stream_sets, first_pass, position = saved_sets, meta["pass"], meta["position"]
-            else:
-                state = _start_epoch(run, state, refresh, epoch, plan)
-                stream_sets = passes.epoch_stream_sets(
-                    method, plan, state.memory, n, method.num_networks
-                )
-                first_pass, position = 0, 0
-            saved_sets = None
-            state = state._replace(
-                opt_state=optim.set_learning_rate(
-                    state.opt_state, float(run.schedule(_lr_epoch(plan, epoch)))
-                )
-            )
-            epoch_passes = passes.plan_passes(
-                method,
-                plan,
-                stream_sets,
-                epoch=epoch,
-                batch_size=config.train.batch_size,
-                seed=config.seed,
-            )
-            encoded = passes.encode_streams(stream_sets, method.num_networks, n)
-            for p in range(first_pass, len(epoch_passes)):
-                last = p == len(epoch_passes) - 1
-                start = position if p == first_pass else 0
-                state = _run_pass(run, state, epoch, p, epoch_passes[p], start, meta, encoded, last)
-            meta = {k: v for k, v in meta.items() if k not in _PARTIAL}
-            _check_finite(state, checkpointer)
-            val = evaluator(state, "val")
-            val.update(noise_diagnostics(method, state, pairs.clean))
-            val.update(score_diagnostics(method, state, pairs.clean, workdir, epoch))
-            val.update(label_diagnostics(method, state, pairs))
-            val.update(_pass_lengths(epoch_passes))
-            val["learning_rate"] = optim.learning_rate(state.opt_state)
-            writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
-            tqdm.tqdm.write(f"epoch {epoch}: val " + kind.summary(val))
-            every_epoch = config.train.select_every_epoch
-            if plan.restart_best and not every_epoch:
-                meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
-            selectable = plan.selectable or every_epoch
-            if selectable:
-                _warn_if_tied(val[selection], meta, epoch, selection)
-            # Strictly better: a tie keeps the earlier epoch (see _warn_if_tied).
-            if selectable and val[selection] > meta["best_value"]:
-                meta = {
-                    **meta,
-                    "best_value": val[selection],
-                    "best_epoch": epoch,
-                    "best_step": int(state.step),
-                }
-                checkpointer.save_best(state, meta)
-            meta = {**meta, "epoch": epoch + 1, "pass": 0, "position": 0}
-            checkpointer.save(state, meta, encoded)
-            for callback in callbacks:
-                callback(epoch, val)
+def _train_epoch(run, state, refresh, epoch: int, plan, meta: dict, saved_sets):
+    """The epoch's passes (from the checkpoint's pass and step when it stopped mid-epoch):
+    ``(state, meta, encoded streams, passes)``."""
+    config, method, n = run.config, run.method, run.pairs.num_records
+    resuming = saved_sets is not None and (meta["pass"] or meta["position"])
+    if resuming:  # mid-epoch: refresh, reset and streams are in the checkpoint
+        stream_sets, first_pass, position = saved_sets, meta["pass"], meta["position"]
+    else:
+        state = _start_epoch(run, state, refresh, epoch, plan)
+        stream_sets = passes.epoch_stream_sets(method, plan, state.memory, n, method.num_networks)
+        first_pass, position = 0, 0
+    state = state._replace(
+        opt_state=optim.set_learning_rate(
+            state.opt_state, float(run.schedule(_lr_epoch(plan, epoch)))
+        )
+    )
+    epoch_passes = passes.plan_passes(
+        method,
+        plan,
+        stream_sets,
+        epoch=epoch,
+        batch_size=config.train.batch_size,
+        seed=config.seed,
+    )
+    encoded = passes.encode_streams(stream_sets, method.num_networks, n)
+    for p in range(first_pass, len(epoch_passes)):
+        last = p == len(epoch_passes) - 1
+        start = position if p == first_pass else 0
+        state = _run_pass(run, state, epoch, p, epoch_passes[p], start, meta, encoded, last)
+    return state, meta, encoded, epoch_passes
 
-        best = checkpointer.restore_best(state, meta.get("best_step"))
-        if best is None:
-            raise ValueError(
-                f"No selectable epoch reached a finite validation {selection}; nothing to "
-                f"test. See {os.path.join(workdir, 'metrics.jsonl')}."
-            )
-        best_state, best_meta = best
-        test = evaluator(best_state, "test")
-        if config.eval.test_last_epoch:  # also the final parameters (MRL/UOT-RCL protocol)
-            last = test if best_meta["best_epoch"] == num_epochs - 1 else evaluator(state, "test")
-            test.update({f"last_{k}": v for k, v in last.items()})
+
+def _validate(run, state, evaluator, workdir: str, epoch: int, epoch_passes, kind) -> dict:
+    """The epoch's validation metrics and diagnostics, logged and printed."""
+    method, pairs = run.method, run.pairs
+    val = evaluator(state, "val")
+    val.update(noise_diagnostics(method, state, pairs.clean))
+    val.update(score_diagnostics(method, state, pairs.clean, workdir, epoch))
+    val.update(label_diagnostics(method, state, pairs))
+    val.update(_pass_lengths(epoch_passes))
+    val["learning_rate"] = optim.learning_rate(state.opt_state)
+    run.writer.write(step=int(state.step), epoch=epoch, split="val", metrics=val)
+    tqdm.tqdm.write(f"epoch {epoch}: val " + kind.summary(val))
+    return val
+
+
+def _select(run, state, meta: dict, plan, epoch: int, value: float, selection: str) -> dict:
+    """``meta`` after the epoch's model selection (the best checkpoint saved when this
+    epoch is strictly better; a tie keeps the earlier epoch, see ``_warn_if_tied``)."""
+    every_epoch = run.config.train.select_every_epoch
+    if plan.restart_best and not every_epoch:
+        meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
+    selectable = plan.selectable or every_epoch
+    if selectable:
+        _warn_if_tied(value, meta, epoch, selection)
+    if selectable and value > meta["best_value"]:
+        meta = {**meta, "best_value": value, "best_epoch": epoch, "best_step": int(state.step)}
+        run.checkpointer.save_best(state, meta)
+    return meta
+
+
+def _test_best(run, state, meta: dict, evaluator, workdir: str, selection: str):
+    """``(test metrics, best checkpoint's meta)`` of the best model (and of the final
+    parameters too under ``eval.test_last_epoch``)."""
+    best = run.checkpointer.restore_best(state, meta.get("best_step"))
+    if best is None:
+        raise ValueError(
+            f"No selectable epoch reached a finite validation {selection}; nothing to "
+            f"test. See {os.path.join(workdir, 'metrics.jsonl')}."
+        )
+    best_state, best_meta = best
+    test = evaluator(best_state, "test")
+    if run.config.eval.test_last_epoch:  # also the final parameters (MRL/UOT-RCL protocol)
+        final = best_meta["best_epoch"] == run.config.train.epochs - 1
+        last = test if final else evaluator(state, "test")
+        test.update({f"last_{k}": v for k, v in last.items()})
+    return test, best_meta
+
+
+def _finish(run, state, test: dict, best_meta: dict, workdir: str, kind) -> dict:
+    """Completes, logs, writes and prints ``results.json``'s metrics."""
+    config, method, pairs = run.config, run.method, run.pairs
+    num_epochs, selection = config.train.epochs, kind.selection
     test["best_epoch"] = best_meta["best_epoch"]
     test[f"val_{selection}"] = best_meta["best_value"]
     test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
     main = [e for e in range(num_epochs) if method.plan_fn(e).phase != WARMUP]
     if main:  # a method without a main phase (the baselines) trains no fallback
-        test["fallback_share"] = fallback_share(writer.rows(), main)
-    writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
+        test["fallback_share"] = fallback_share(run.writer.rows(), main)
+    run.writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         try:
             rundir.atomic_write_json(os.path.join(workdir, "results.json"), test)

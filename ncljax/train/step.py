@@ -23,6 +23,7 @@ the host checks it on log steps and stops the run. Metrics are ``(sum, count)`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -147,97 +148,23 @@ def make_train_step(
             f"Method {method.name!r} has loss_reduction={method.loss_reduction!r}; "
             "use 'mean' or 'sum'."
         )
+    return _Step(graphdef, method, tx, num_samples).train_step
 
-    def net_loss(params, model_state, rows, peer_rows, memory_state, key, batch, ctx):
-        model = nnx.merge(graphdef, params, model_state)
-        dropout_key, loss_key = jax.random.split(key)
-        outputs = method.forward_fn(
-            model,
-            batch,
-            memory_state,
-            train=True,
-            rngs=nnx.Rngs(dropout=dropout_key),
-            phase=ctx.phase,
-            ctx=ctx,
-        )
-        per_example, aux = method.loss_fn(
-            outputs, batch, rows, peer_rows, ctx._replace(rng=loss_key)
-        )
-        if not isinstance(aux, Aux):
-            raise TypeError(
-                f"Method {method.name!r}'s loss_fn returned {type(aux).__name__} as its "
-                "auxiliaries; return an ncljax.methods.Aux."
-            )
-        loss = _reduce(per_example, batch["mask"], method.loss_reduction)
-        _, _, new_model_state = nnx.split(model, nnx.Param, ...)
-        return loss, (per_example, aux, nnx.to_pure_dict(new_model_state))
 
-    def prepare(params, model_state, peer_params, peer_model_state, batches, ctx):
-        if method.prepare_fn is None:
-            return None
-        model = nnx.merge(graphdef, params, model_state)
-        peer = nnx.merge(graphdef, peer_params, peer_model_state)
-        return jax.lax.stop_gradient(method.prepare_fn(model, peer, batches, ctx))
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Step:
+    """The pieces of a train step, top to bottom: :meth:`train_step` (every network, in
+    turn or under ``vmap``, and the all-or-nothing commit), :meth:`network_step` (one
+    network's updates), :meth:`update` (one optimiser update), :meth:`loss` (the
+    forward and the method's loss)."""
 
-    def network_step(net, peer, key, network, batches, spec, ctx, clean):
-        """One network's updates. ``net``: (params, model_state, opt_state, samples,
-        memory_state); ``peer``: (params, model_state, samples) of its peer."""
-        params, model_state, opt_state, samples, memory_state = net
-        peer_params, peer_model_state, peer_samples = peer
-        ctx = ctx._replace(
-            network=network,
-            batches=batches,
-            peer_rows=tuple(_gather_rows(peer_samples, b["index"]) for b in batches),
-        )
-        ctx = ctx._replace(
-            prepared=prepare(params, model_state, peer_params, peer_model_state, batches, ctx)
-        )
-        ok, metrics = jnp.array(True), {}
-        for u, stream in enumerate(spec.updates):
-            batch = batches[stream]
-            index, mask = batch["index"], batch["mask"]
-            grad_fn = jax.value_and_grad(net_loss, has_aux=True)
-            (loss, (per_example, aux, new_model_state)), grads = grad_fn(
-                params,
-                model_state,
-                _gather_rows(samples, index),
-                _gather_rows(peer_samples, index),
-                memory_state,
-                key if u == 0 else jax.random.fold_in(key, u),
-                batch,
-                ctx._replace(update=u),
-            )
-            updates, new_opt_state = tx.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            written = _valid_rows(aux.memory, mask)
-            at_index, at_rows = aux.memory_at or (None, {})
-            ok &= _finite(batch) & jnp.isfinite(loss) & _finite(grads) & _finite(written)
-            ok &= _finite(at_rows)
-            # A zero-gradient Adam step still moves the parameters: no real pair, no step.
-            real = mask.any()
-            moved = lambda new, old, real=real: jax.tree.map(
-                lambda a, b: jnp.where(real, a, b), new, old
-            )
-            params = moved(new_params, params)
-            model_state = moved(new_model_state, model_state)
-            opt_state = moved(new_opt_state, opt_state)
-            if written:
-                samples = _scatter_rows(samples, jnp.where(mask, index, num_samples), written)
-            if at_rows:
-                at_index = jnp.where(real, at_index, num_samples)  # no real pair: no write
-                samples = _scatter_rows(samples, at_index, at_rows)
-            step_metrics = {"loss": masking.masked_metric(per_example, mask)}
-            for name, values in aux.metrics.items():
-                step_metrics[name] = masking.masked_metric(values, mask)
-            if clean is not None:
-                step_metrics |= _diagnostic_metrics(aux, batch, clean)
-                if method.step_metrics_fn is not None and aux.extra is not None:
-                    step_metrics |= method.step_metrics_fn(aux.extra, batch, batches)
-            for name, value in step_metrics.items():
-                metrics[f"{name}_update{u}" if name in metrics else name] = value
-        return (params, model_state, opt_state, samples), ok, metrics
+    graphdef: nnx.GraphDef
+    method: Method
+    tx: optax.GradientTransformation
+    num_samples: int
 
     def train_step(
+        self,
         state: TrainState,
         batches,
         spec: StepSpec | int,
@@ -253,13 +180,15 @@ def make_train_step(
             step=state.step,
             epoch=state.epoch,
             phase=spec.phase,
-            num_samples=num_samples,
+            num_samples=self.num_samples,
             network=jnp.zeros((), jnp.int32),
             rng=key,
         )
         samples = state.memory.samples
         net = (state.params, state.model_state, state.opt_state, samples, state.memory.state)
-        step_fn = functools.partial(network_step, batches=batches, spec=spec, ctx=ctx, clean=clean)
+        step_fn = functools.partial(
+            self.network_step, batches=batches, spec=spec, ctx=ctx, clean=clean
+        )
         if spec.in_turn:
             k = jnp.asarray(network, jnp.int32)
             peer_k = (k + 1) % num_networks
@@ -290,7 +219,114 @@ def make_train_step(
         )
         return new, metrics
 
-    return train_step
+    def network_step(self, net, peer, key, network, batches, spec, ctx, clean):
+        """One network's updates. ``net``: (params, model_state, opt_state, samples,
+        memory_state); ``peer``: (params, model_state, samples) of its peer."""
+        params, model_state, opt_state, samples, memory_state = net
+        peer_params, peer_model_state, peer_samples = peer
+        ctx = ctx._replace(
+            network=network,
+            batches=batches,
+            peer_rows=tuple(_gather_rows(peer_samples, b["index"]) for b in batches),
+        )
+        ctx = ctx._replace(
+            prepared=self.prepare(params, model_state, peer_params, peer_model_state, batches, ctx)
+        )
+        ok, metrics = jnp.array(True), {}
+        trained = (params, model_state, opt_state, samples)
+        for u, stream in enumerate(spec.updates):
+            key_u = key if u == 0 else jax.random.fold_in(key, u)
+            trained, finite, step_metrics = self.update(
+                trained,
+                peer_samples,
+                memory_state,
+                key_u,
+                batches,
+                stream,
+                ctx._replace(update=u),
+                clean,
+            )
+            ok &= finite
+            for name, value in step_metrics.items():
+                metrics[f"{name}_update{u}" if name in metrics else name] = value
+        return trained, ok, metrics
+
+    def update(self, trained, peer_samples, memory_state, key, batches, stream, ctx, clean):
+        """One optimiser update on ``batches[stream]``: ``(params, model_state, opt_state,
+        samples)`` after it, whether everything it computed is finite, its metrics."""
+        params, model_state, opt_state, samples = trained
+        batch = batches[stream]
+        index, mask = batch["index"], batch["mask"]
+        grad_fn = jax.value_and_grad(self.loss, has_aux=True)
+        (loss, (per_example, aux, new_model_state)), grads = grad_fn(
+            params,
+            model_state,
+            _gather_rows(samples, index),
+            _gather_rows(peer_samples, index),
+            memory_state,
+            key,
+            batch,
+            ctx,
+        )
+        updates, new_opt_state = self.tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        written = _valid_rows(aux.memory, mask)
+        at_index, at_rows = aux.memory_at or (None, {})
+        ok = _finite(batch) & jnp.isfinite(loss) & _finite(grads) & _finite(written)
+        ok &= _finite(at_rows)
+        # A zero-gradient Adam step still moves the parameters: no real pair, no step.
+        real = mask.any()
+        moved = lambda new, old: jax.tree.map(lambda a, b: jnp.where(real, a, b), new, old)
+        params = moved(new_params, params)
+        model_state = moved(new_model_state, model_state)
+        opt_state = moved(new_opt_state, opt_state)
+        if written:
+            samples = _scatter_rows(samples, jnp.where(mask, index, self.num_samples), written)
+        if at_rows:
+            at_index = jnp.where(real, at_index, self.num_samples)  # no real pair: no write
+            samples = _scatter_rows(samples, at_index, at_rows)
+        step_metrics = {"loss": masking.masked_metric(per_example, mask)}
+        for name, values in aux.metrics.items():
+            step_metrics[name] = masking.masked_metric(values, mask)
+        if clean is not None:
+            step_metrics |= _diagnostic_metrics(aux, batch, clean)
+            if self.method.step_metrics_fn is not None and aux.extra is not None:
+                step_metrics |= self.method.step_metrics_fn(aux.extra, batch, batches)
+        return (params, model_state, opt_state, samples), ok, step_metrics
+
+    def loss(self, params, model_state, rows, peer_rows, memory_state, key, batch, ctx):
+        """The reduced loss of ``batch`` and ``(per_example, aux, new model state)``."""
+        method = self.method
+        model = nnx.merge(self.graphdef, params, model_state)
+        dropout_key, loss_key = jax.random.split(key)
+        outputs = method.forward_fn(
+            model,
+            batch,
+            memory_state,
+            train=True,
+            rngs=nnx.Rngs(dropout=dropout_key),
+            phase=ctx.phase,
+            ctx=ctx,
+        )
+        per_example, aux = method.loss_fn(
+            outputs, batch, rows, peer_rows, ctx._replace(rng=loss_key)
+        )
+        if not isinstance(aux, Aux):
+            raise TypeError(
+                f"Method {method.name!r}'s loss_fn returned {type(aux).__name__} as its "
+                "auxiliaries; return an ncljax.methods.Aux."
+            )
+        loss = _reduce(per_example, batch["mask"], method.loss_reduction)
+        _, _, new_model_state = nnx.split(model, nnx.Param, ...)
+        return loss, (per_example, aux, nnx.to_pure_dict(new_model_state))
+
+    def prepare(self, params, model_state, peer_params, peer_model_state, batches, ctx):
+        """The method's no-grad pass shared by a step's updates (``Method.prepare_fn``)."""
+        if self.method.prepare_fn is None:
+            return None
+        model = nnx.merge(self.graphdef, params, model_state)
+        peer = nnx.merge(self.graphdef, peer_params, peer_model_state)
+        return jax.lax.stop_gradient(self.method.prepare_fn(model, peer, batches, ctx))
 
 
 def make_forward(graphdef: nnx.GraphDef, fn: Callable) -> Callable:
