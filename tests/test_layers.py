@@ -10,6 +10,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 # Bottom to top: a package may import its own modules and those of the packages before it.
 LAYERS = (
+    "rules",
     "masking",
     "backend",
     "evidence",

@@ -57,6 +57,14 @@ def model_fields(name: str) -> tuple[str, ...]:
     return tuple(getattr(REGISTRY[name], "model_fields", ()))
 
 
+def plan_problems(name: str, kwargs: Mapping | None, epochs: int) -> list[str]:
+    """What is wrong with method ``name``'s plan over a run of ``epochs`` epochs
+    (the ``plan_problems`` its factory declares); nothing where its hyperparameters are
+    refused (the factory says so when the run builds it) or the method checks no plan."""
+    check = getattr(REGISTRY[name], "plan_problems", None)
+    return [] if check is None else check(dict(kwargs or {}), epochs)
+
+
 def hyperparameters(name: str) -> dict[str, inspect.Parameter]:
     """The hyperparameters of method ``name``'s factory (its keyword parameters)."""
     params = inspect.signature(REGISTRY[name]).parameters
@@ -106,4 +114,5 @@ __all__ = [
     "hyperparameters",
     "model_fields",
     "of_family",
+    "plan_problems",
 ]

@@ -135,9 +135,11 @@ with a toy method):
    ``MODULE_FUNCTIONS``), a ``bind(s)`` that returns ``bind_module(module, s, ...)``
    with the fields the module cannot name (``clean_score_fn`` and its :class:`Verdict`
    for the audit, ``num_networks``), and ``<name> = settings.factory('<name>',
-   Settings, CHECKS, bind, family='pairs')`` (``'labels'`` for a noisy-label method):
-   the name is written there only. Losses and estimators it needs that are pure go to
-   ``ncljax/losses`` and ``ncljax/labels``, each with an oracle test.
+   Settings, CHECKS, bind, family='pairs')`` (``'labels'`` for a noisy-label method;
+   ``plan_problems=`` a check of the plan against the run's length, e.g. with a warm-up
+   ``warmup_problems``): the name is written there only. Losses and estimators it
+   needs that are pure go to ``ncljax/losses`` and ``ncljax/labels``, each with an
+   oracle test.
 2. One line in ``ncljax.methods.REGISTRY``'s list of factories: ``<module>.<name>``.
 3. ``configs/<name>.py``: ``get_config(arg)`` from ``presets.start`` with
    ``config.method = '<name>'`` and ``config.method_kwargs =
@@ -471,6 +473,18 @@ def bind_module(module, s, **fields) -> Method:
     }
     name = fields.pop("name", module.__name__.rsplit(".", 1)[-1])
     return Method(name=name, **bound, **fields, settings=s)
+
+
+def warmup_problems(name: str, warmup_epochs: int, epochs: int) -> list[str]:
+    """A warm-up of ``warmup_epochs`` as long as a run of ``epochs`` (the method would
+    never train its own objective), in one line naming both flags."""
+    if warmup_epochs >= epochs >= 1:
+        return [
+            f"method_kwargs.warmup_epochs={warmup_epochs} must be less than "
+            f"train.epochs={epochs} ({name} would never leave its warm-up): lower "
+            "--config.method_kwargs.warmup_epochs or raise --config.train.epochs"
+        ]
+    return []
 
 
 def empty_memory(ctx: InitContext) -> Memory:

@@ -164,6 +164,11 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     return base.Memory(samples={name: ones for name in _BUFFERS}, state={})
 
 
+def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
+    """A run must outlast the warm-up (``base.warmup_problems``)."""
+    return base.warmup_problems(name, s.warmup_epochs, epochs)
+
+
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """``warmup_epochs`` warm-up epochs, then the purified training; the labels are
     re-estimated before every main epoch but the first (its buffers are still empty)."""
@@ -373,7 +378,7 @@ def bind(s: Settings) -> base.Method:
     )
 
 
-gsc = settings.factory("gsc", Settings, CHECKS, bind)
+gsc = settings.factory("gsc", Settings, CHECKS, bind, plan_problems=plan_problems)
 
 
 def intra_similarities(

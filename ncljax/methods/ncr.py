@@ -123,6 +123,11 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     return base.Memory(samples=coteaching.init_samples(ctx.num_samples), state={})
 
 
+def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
+    """A run must outlast the warm-up (``base.warmup_problems``)."""
+    return base.warmup_problems(name, s.warmup_epochs, epochs)
+
+
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """Warm-up epochs, then co-training; the noisy update from co-training epoch
     ``noisy_start_epoch`` on (phase ``CLEAN_NOISY``; never where it is ``None``)."""
@@ -234,4 +239,4 @@ def bind(s: Settings) -> base.Method:
     )
 
 
-ncr = settings.factory("ncr", Settings, CHECKS, bind)
+ncr = settings.factory("ncr", Settings, CHECKS, bind, plan_problems=plan_problems)

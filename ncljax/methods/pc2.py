@@ -300,6 +300,11 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     return base.Memory(samples=samples, state={})
 
 
+def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
+    """A run must outlast the warm-up (``base.warmup_problems``)."""
+    return base.warmup_problems(name, s.warmup_epochs, epochs)
+
+
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """Warm-up epochs, then co-training from a fresh optimiser; the pseudo-caption update
     (phase ``CLEAN_PSEUDO``) from co-training epoch ``pseudo_start_epoch`` on, unless
@@ -688,4 +693,4 @@ def bind(s: Settings, model_config=None) -> base.Method:
     )
 
 
-pc2 = settings.factory("pc2", Settings, CHECKS, bind)
+pc2 = settings.factory("pc2", Settings, CHECKS, bind, plan_problems=plan_problems)

@@ -33,106 +33,25 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import numbers
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
+from ncljax import rules
 
-class Rule(NamedTuple):
-    """What an argument accepts: ``accepts(value) -> bool`` and the phrase that says it
-    (completing "``<method> <name>`` must be ...")."""
-
-    accepts: Callable[[Any], bool]
-    phrase: str
-
-
-def is_number(value) -> bool:
-    """A finite real number (an ``int`` or a float; not a ``bool``)."""
-    return (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
-
-
-def is_int(value) -> bool:
-    """An integer (not a ``bool``, not a float with an integral value)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def interval(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Rule:
-    """A finite number between ``low`` and ``high`` (each end included unless open)."""
-    left, right = "(" if low_open else "[", ")" if high_open else "]"
-
-    def accepts(value) -> bool:
-        if not is_number(value):
-            return False
-        above = value > low if low_open else value >= low
-        below = value < high if high_open else value <= high
-        return above and below
-
-    return Rule(accepts, f"in {left}{low!r}, {high!r}{right}")
-
-
-def greater_than(bound: float) -> Rule:
-    """A finite number ``> bound``."""
-    return Rule(lambda v: is_number(v) and v > bound, f"a number > {bound!r}")
-
-
-def at_least(bound: float) -> Rule:
-    """A finite number ``>= bound``."""
-    return Rule(lambda v: is_number(v) and v >= bound, f"a number >= {bound!r}")
-
-
-def int_at_least(bound: int) -> Rule:
-    """An integer ``>= bound``."""
-    return Rule(lambda v: is_int(v) and v >= bound, f"an integer >= {bound}")
-
-
-def one_of(*choices) -> Rule:
-    """One of ``choices``, of the same kind: a ``bool`` never stands in for 1 or 0, nor a
-    float for an integer choice (an integer may stand in for a float choice)."""
-
-    def accepts(value) -> bool:
-        return any(_same_kind(value, c) and value == c for c in choices)
-
-    return Rule(accepts, f"one of {tuple(choices)}")
-
-
-def _kind(value) -> type:
-    if isinstance(value, bool):
-        return bool
-    if isinstance(value, numbers.Integral):
-        return int
-    if isinstance(value, numbers.Real):
-        return float
-    return type(value)
-
-
-def _same_kind(value, choice) -> bool:
-    kind, wanted = _kind(value), _kind(choice)
-    return kind is wanted or (wanted is float and kind is int)
-
-
-def optional(rule: Rule, meaning: str) -> Rule:
-    """``None`` (which means ``meaning``) or what ``rule`` accepts."""
-    return Rule(lambda v: v is None or rule.accepts(v), f"None ({meaning}) or {rule.phrase}")
-
-
-def noted(rule: Rule, note: str) -> Rule:
-    """``rule`` with ``note`` after its phrase (e.g. which choice replaced an old one)."""
-    return Rule(rule.accepts, f"{rule.phrase} ({note})")
-
-
-FINITE = Rule(is_number, "a finite number")
-POSITIVE = greater_than(0)
-NON_NEGATIVE = at_least(0)
-UNIT_INTERVAL = interval(0, 1)
-BOOLEAN = Rule(lambda v: isinstance(v, bool), "True or False")
-NON_NEGATIVE_INT = int_at_least(0)
-POSITIVE_INT = int_at_least(1)
+# The vocabulary (ncljax.rules), under the names method modules use.
+Rule = rules.Rule
+is_number, is_int = rules.is_number, rules.is_int
+interval, greater_than, at_least = rules.interval, rules.greater_than, rules.at_least
+int_at_least, one_of, optional, noted = (
+    rules.int_at_least,
+    rules.one_of,
+    rules.optional,
+    rules.noted,
+)
+FINITE, POSITIVE, NON_NEGATIVE = rules.FINITE, rules.POSITIVE, rules.NON_NEGATIVE
+UNIT_INTERVAL, BOOLEAN = rules.UNIT_INTERVAL, rules.BOOLEAN
+NON_NEGATIVE_INT, POSITIVE_INT = rules.NON_NEGATIVE_INT, rules.POSITIVE_INT
 NUM_NETWORKS = one_of(1, 2)
 LOSS_REDUCTIONS = one_of("sum", "mean")
 # The degeneracy checks of a GMM division (ncljax.labels.gmm.check_division).
@@ -197,6 +116,7 @@ def factory(
     validate: Callable[[Mapping[str, Any]], None] | None = None,
     family: str = "pairs",
     model_fields: tuple[str, ...] = (),
+    plan_problems: Callable[[Any, str, int], list[str]] | None = None,
 ) -> Callable[..., Any]:
     """The registry factory of a method: keyword arguments -> checked ``Settings`` -> bundle.
 
@@ -215,6 +135,9 @@ def factory(
         (``ncljax.methods.family``).
       model_fields: the ``model`` config fields only this method reads (UGNCL's
         ``views``); validation refuses them for other methods.
+      plan_problems: ``(settings, name, epochs) -> problems``, what is wrong with the
+        method's plan over a run of ``epochs`` epochs (a warm-up as long as the run:
+        ``base.warmup_problems``), checked with the config before anything is read.
 
     Returns:
       ``make(**kwargs) -> Method`` whose signature lists the settings (keyword-only, with
@@ -259,6 +182,20 @@ def factory(
     )
     make.Settings = settings_type
     make.family, make.model_fields = family, tuple(model_fields)
+
+    def problems(kwargs: Mapping[str, Any], epochs: int) -> list[str]:
+        """The plan's problems for ``kwargs``; none for arguments the factory refuses (it
+        says so when the run builds the method)."""
+        values = {field: kwargs.get(field, default) for field, default in defaults.items()}
+        try:
+            check(name, values, rules)
+            if validate is not None:
+                validate(values)
+        except (ValueError, TypeError):
+            return []
+        return plan_problems(settings_type(**values), name, epochs)
+
+    make.plan_problems = problems if plan_problems is not None else None
     return make
 
 

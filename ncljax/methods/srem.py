@@ -496,6 +496,11 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
     return base.Memory(samples=samples, state=state), diagnostics
 
 
+def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
+    """A run must outlast the warm-up (``base.warmup_problems``)."""
+    return base.warmup_problems(name, s.warmup_epochs, epochs)
+
+
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """``warmup_epochs`` of warm-up, then the main phase; a refresh before every epoch but
     the first; the learning rate's epochs counted from the end of the warm-up; full batches."""
@@ -596,7 +601,9 @@ def bind(s: Settings) -> base.Method:
     )
 
 
-srem = settings.factory("srem", Settings, CHECKS, bind, validate=validate)
+srem = settings.factory(
+    "srem", Settings, CHECKS, bind, validate=validate, plan_problems=plan_problems
+)
 
 
 # --- the objective of both directions (the estimators of ncljax.labels.srem composed with

@@ -511,6 +511,11 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
     return base.Memory(samples=samples, state=memory.state), diagnostics
 
 
+def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
+    """A run must outlast the warm-up (``base.warmup_problems``)."""
+    return base.warmup_problems(name, s.warmup_epochs, epochs)
+
+
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """``warmup_epochs`` of warm-up (not selectable), then a division before every epoch;
     the learning rate's epochs counted from the end of the warm-up; full batches."""
@@ -652,4 +657,6 @@ def bind(s: Settings, model_config=None) -> base.Method:
     )
 
 
-ugncl = settings.factory("ugncl", Settings, CHECKS, bind, model_fields=("views",))
+ugncl = settings.factory(
+    "ugncl", Settings, CHECKS, bind, model_fields=("views",), plan_problems=plan_problems
+)

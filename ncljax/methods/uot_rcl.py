@@ -212,6 +212,11 @@ def init_memory(
     )
 
 
+def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
+    """A run must outlast the warm-up (``base.warmup_problems``)."""
+    return base.warmup_problems(name, s.warmup_epochs, epochs)
+
+
 def plan(s: Settings, epoch: int) -> base.EpochPlan:
     """``warmup_epochs`` epochs of cross-entropy, then the corrected training, each of its
     epochs after a label correction."""
@@ -409,7 +414,9 @@ def bind(s: Settings, model_config=None) -> base.Method:
     )
 
 
-uot_rcl = settings.factory("uot_rcl", Settings, CHECKS, bind, family="labels")
+uot_rcl = settings.factory(
+    "uot_rcl", Settings, CHECKS, bind, family="labels", plan_problems=plan_problems
+)
 
 
 def _marginal(labels_image, labels_text, num_classes: int, kind: str) -> jax.Array:

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import ml_collections
 
-from ncljax import methods
+from ncljax import methods, rules
 from ncljax.train import config as config_lib
 from ncljax.train import evaluator, optim
 
@@ -51,12 +50,9 @@ REMAT_CHOICES = ("auto", "full", "projections", "none")
 Rule = Callable[[ml_collections.ConfigDict], list[str]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """An accepted value: ``ok(value)`` holds; ``what`` completes "``field=value`` must be"."""
-
-    ok: Callable[[Any], bool]
-    what: str
+# An accepted value (ncljax.rules, the vocabulary the methods' settings use too): its
+# phrase completes "``field=value`` must be".
+Check = rules.Rule
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -107,20 +103,15 @@ def _get(config, field: str):
     return config
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+_is_int = rules.is_int
 
 
 def _integer(low: int, what: str) -> Check:
-    return Check(lambda x: _is_int(x) and x >= low, what)
+    return rules.int_at_least(low, what)
 
 
 def _number(ok: Callable[[float], bool], what: str) -> Check:
-    return Check(lambda x: _is_number(x) and ok(x), what)
+    return Check(lambda x: rules.is_number(x) and ok(x), what)
 
 
 def _choice(choices: Sequence[str], what: str = "") -> Check:
@@ -133,10 +124,10 @@ def _widths(what: str) -> Check:
     )
 
 
-POSITIVE_INT = _integer(1, "a positive integer")
-NON_NEGATIVE_INT = _integer(0, "an integer >= 0")
-NON_NEGATIVE = _number(lambda x: x >= 0, "a number >= 0")
-FRACTION = _number(lambda x: 0 <= x < 1, "in [0, 1)")
+POSITIVE_INT = rules.int_at_least(1, "a positive integer")
+NON_NEGATIVE_INT = rules.NON_NEGATIVE_INT
+NON_NEGATIVE = rules.NON_NEGATIVE
+FRACTION = rules.interval(0, 1, high_open=True)
 # numpy's generators take no negative seed, and JAX's keys none beyond int64.
 SEED = Check(lambda x: _is_int(x) and 0 <= x < 2**63, "an integer in [0, 2**63)")
 
@@ -203,17 +194,12 @@ CONDITIONS = (
 )
 
 
-def _warmup_within_run(config) -> list[str]:
-    """Every method with a warm-up calls its length ``warmup_epochs`` (its factory checks
-    the value itself); a warm-up as long as the run never reaches the method."""
-    warmup, epochs = config.method_kwargs.get("warmup_epochs"), config.train.epochs
-    if _is_int(warmup) and _is_int(epochs) and warmup >= epochs >= 1:
-        return [
-            f"method_kwargs.warmup_epochs={warmup} must be less than train.epochs={epochs} "
-            f"({config.method} would never leave its warm-up): lower "
-            "--config.method_kwargs.warmup_epochs or raise --config.train.epochs"
-        ]
-    return []
+def _plan_within_run(config) -> list[str]:
+    """The method checks its own plan against the run's length (``Method.plan_problems_fn``:
+    e.g. a warm-up as long as the run never reaches the method's objective)."""
+    if config.method not in methods.REGISTRY or not _is_int(config.train.epochs):
+        return []
+    return methods.plan_problems(config.method, config.method_kwargs, config.train.epochs)
 
 
 def _rate_without_noise(config) -> list[str]:
@@ -242,7 +228,7 @@ def _file_only_with_file_kind(config) -> list[str]:
 FIELDS = (
     Field("seed", SEED),
     # train
-    Field("train.epochs", POSITIVE_INT, rule=_warmup_within_run),
+    Field("train.epochs", POSITIVE_INT, rule=_plan_within_run),
     Field("train.batch_size", _integer(2, "an integer >= 2")),
     Field("train.num_devices", NON_NEGATIVE_INT),
     Field("train.log_every_steps", POSITIVE_INT),
@@ -351,8 +337,8 @@ def value_problems(config) -> list[str]:
     problems = []
     for field in FIELDS:
         value = _get(config, field.name)
-        if field.check is not None and not field.check.ok(value):
-            problems.append(f"{field.name}={value!r} must be {field.check.what}")
+        if field.check is not None and not field.check.accepts(value):
+            problems.append(f"{field.name}={value!r} must be {field.check.phrase}")
         if field.rule is not None:
             problems += field.rule(config)
     return problems
