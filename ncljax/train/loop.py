@@ -13,6 +13,7 @@ epoch's passes, so a run killed anywhere resumes to the same result.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -198,60 +199,52 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     """The run in its locked workdir: resume, the epochs, then the test of the best model."""
     config, method = run.config, run.method
     num_epochs = config.train.epochs
-    state, meta, saved_sets = _resume(run, mesh_lib.replicate(state, mesh), workdir)
+    state, progress, saved_sets = _resume(run, mesh_lib.replicate(state, mesh), workdir)
     kind = evaluator_lib.eval_kind(config)
     refresh = Refresher(graphdef, method, run.pairs, mesh, config, num_epochs)
     with jax.set_mesh(mesh):
-        for epoch in range(meta["epoch"], num_epochs):
+        for epoch in range(progress.epoch, num_epochs):
             plan = method.plan_fn(epoch)
-            state, meta, encoded, epoch_passes = _train_epoch(
-                run, state, refresh, epoch, plan, meta, saved_sets
+            state, encoded, epoch_passes = _train_epoch(
+                run, state, refresh, plan, progress, saved_sets
             )
             saved_sets = None
-            meta = {k: v for k, v in meta.items() if k not in _PARTIAL}
             _check_finite(state, run.checkpointer)
             val = _validate(run, state, evaluator, workdir, epoch, epoch_passes, kind)
-            meta = _select(run, state, meta, plan, epoch, val[kind.selection], kind.selection)
-            meta = {**meta, "epoch": epoch + 1, "pass": 0, "position": 0}
-            run.checkpointer.save(state, meta, encoded)
+            progress = _select(run, state, progress, plan, val[kind.selection], kind.selection)
+            progress = progress.next_epoch()
+            run.checkpointer.save(state, progress.to_json(), encoded)
             for callback in callbacks:
                 callback(epoch, val)
-        test, best_meta = _test_best(run, state, meta, evaluator, workdir, kind.selection)
-    return _finish(run, state, test, best_meta, workdir, kind)
+        test, best = _test_best(run, state, progress, evaluator, workdir, kind.selection)
+    return _finish(run, state, test, best, workdir, kind)
 
 
 def _resume(run, state, workdir: str):
-    """``(state, meta, saved stream sets)``: the latest checkpoint's, or a fresh run's
+    """``(state, progress, saved stream sets)``: the latest checkpoint's, or a fresh run's
     (the metrics log cut back to the checkpoint's step either way)."""
     method, n = run.method, run.pairs.num_records
-    meta = {
-        "best_value": -math.inf,
-        "best_epoch": -1,
-        "best_step": -1,
-        "epoch": 0,
-        "pass": 0,
-        "position": 0,
-    }
-    saved_sets = None
+    progress, saved_sets = Progress(), None
     restored = run.checkpointer.restore(state, passes.encode_streams([], method.num_networks, n))
     if restored is not None:
         state, meta, saved = restored
-        saved_sets = passes.decode_streams(saved)
+        progress, saved_sets = Progress.from_json(meta), passes.decode_streams(saved)
         print(
-            f"Resumed from step {int(state.step)} in {workdir} (epoch {meta['epoch']}, "
-            f"pass {meta['pass']}, step {meta['position']} of the pass)."
+            f"Resumed from step {int(state.step)} in {workdir} (epoch {progress.epoch}, "
+            f"pass {progress.pass_}, step {progress.position} of the pass)."
         )
     run.writer.truncate_after(int(state.step) if restored is not None else -1)
-    return state, meta, saved_sets
+    return state, progress, saved_sets
 
 
-def _train_epoch(run, state, refresh, epoch: int, plan, meta: dict, saved_sets):
-    """The epoch's passes (from the checkpoint's pass and step when it stopped mid-epoch):
-    ``(state, meta, encoded streams, passes)``."""
+def _train_epoch(run, state, refresh, plan, progress: Progress, saved_sets):
+    """Epoch ``progress.epoch``'s passes (from the checkpoint's pass and step when it
+    stopped mid-epoch): ``(state, encoded streams, passes)``."""
     config, method, n = run.config, run.method, run.pairs.num_records
-    resuming = saved_sets is not None and (meta["pass"] or meta["position"])
+    epoch = progress.epoch
+    resuming = saved_sets is not None and progress.mid_epoch
     if resuming:  # mid-epoch: refresh, reset and streams are in the checkpoint
-        stream_sets, first_pass, position = saved_sets, meta["pass"], meta["position"]
+        stream_sets, first_pass, position = saved_sets, progress.pass_, progress.position
     else:
         state = _start_epoch(run, state, refresh, epoch, plan)
         stream_sets = passes.epoch_stream_sets(method, plan, state.memory, n, method.num_networks)
@@ -272,9 +265,9 @@ def _train_epoch(run, state, refresh, epoch: int, plan, meta: dict, saved_sets):
     encoded = passes.encode_streams(stream_sets, method.num_networks, n)
     for p in range(first_pass, len(epoch_passes)):
         last = p == len(epoch_passes) - 1
-        start = position if p == first_pass else 0
-        state = _run_pass(run, state, epoch, p, epoch_passes[p], start, meta, encoded, last)
-    return state, meta, encoded, epoch_passes
+        at = progress.at(p, position if p == first_pass else 0)
+        state = _run_pass(run, state, at, epoch_passes[p], encoded, last)
+    return state, encoded, epoch_passes
 
 
 def _validate(run, state, evaluator, workdir: str, epoch: int, epoch_passes, kind) -> dict:
@@ -291,45 +284,49 @@ def _validate(run, state, evaluator, workdir: str, epoch: int, epoch_passes, kin
     return val
 
 
-def _select(run, state, meta: dict, plan, epoch: int, value: float, selection: str) -> dict:
-    """``meta`` after the epoch's model selection (the best checkpoint saved when this
+def _select(run, state, progress: Progress, plan, value: float, selection: str) -> Progress:
+    """``progress`` after the epoch's model selection (the best checkpoint saved when this
     epoch is strictly better; a tie keeps the earlier epoch, see ``_warn_if_tied``)."""
     every_epoch = run.config.train.select_every_epoch
+    progress = progress.finished_pass()
     if plan.restart_best and not every_epoch:
-        meta = {**meta, "best_value": -math.inf, "best_epoch": -1, "best_step": -1}
+        progress = progress.no_best()
     selectable = plan.selectable or every_epoch
     if selectable:
-        _warn_if_tied(value, meta, epoch, selection)
-    if selectable and value > meta["best_value"]:
-        meta = {**meta, "best_value": value, "best_epoch": epoch, "best_step": int(state.step)}
-        run.checkpointer.save_best(state, meta)
-    return meta
+        _warn_if_tied(value, progress, selection)
+    if selectable and value > progress.best_value:
+        progress = dataclasses.replace(
+            progress, best_value=value, best_epoch=progress.epoch, best_step=int(state.step)
+        )
+        run.checkpointer.save_best(state, progress.to_json())
+    return progress
 
 
-def _test_best(run, state, meta: dict, evaluator, workdir: str, selection: str):
-    """``(test metrics, best checkpoint's meta)`` of the best model (and of the final
+def _test_best(run, state, progress: Progress, evaluator, workdir: str, selection: str):
+    """``(test metrics, best checkpoint's progress)`` of the best model (and of the final
     parameters too under ``eval.test_last_epoch``)."""
-    best = run.checkpointer.restore_best(state, meta.get("best_step"))
+    best = run.checkpointer.restore_best(state, progress.best_step)
     if best is None:
         raise ValueError(
             f"No selectable epoch reached a finite validation {selection}; nothing to "
             f"test. See {os.path.join(workdir, 'metrics.jsonl')}."
         )
     best_state, best_meta = best
+    best = Progress.from_json(best_meta)
     test = evaluator(best_state, "test")
     if run.config.eval.test_last_epoch:  # also the final parameters (MRL/UOT-RCL protocol)
-        final = best_meta["best_epoch"] == run.config.train.epochs - 1
+        final = best.best_epoch == run.config.train.epochs - 1
         last = test if final else evaluator(state, "test")
         test.update({f"last_{k}": v for k, v in last.items()})
-    return test, best_meta
+    return test, best
 
 
-def _finish(run, state, test: dict, best_meta: dict, workdir: str, kind) -> dict:
+def _finish(run, state, test: dict, best: Progress, workdir: str, kind) -> dict:
     """Completes, logs, writes and prints ``results.json``'s metrics."""
     config, method, pairs = run.config, run.method, run.pairs
     num_epochs, selection = config.train.epochs, kind.selection
-    test["best_epoch"] = best_meta["best_epoch"]
-    test[f"val_{selection}"] = best_meta["best_value"]
+    test["best_epoch"] = best.best_epoch
+    test[f"val_{selection}"] = best.best_value
     test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
     main = [e for e in range(num_epochs) if method.plan_fn(e).phase != WARMUP]
     if main:  # a method without a main phase (the baselines) trains no fallback
@@ -340,16 +337,85 @@ def _finish(run, state, test: dict, best_meta: dict, workdir: str, kind) -> dict
             rundir.atomic_write_json(os.path.join(workdir, "results.json"), test)
         except OSError as e:
             raise rundir.unwritable(workdir, e) from None
-    print(f"test (best val epoch {best_meta['best_epoch']}): " + kind.summary(test))
+    print(f"test (best val epoch {best.best_epoch}): " + kind.summary(test))
     if config.eval.test_last_epoch:
         last = {k[len("last_") :]: v for k, v in test.items() if k.startswith("last_")}
         print(f"test (last epoch {num_epochs - 1}): " + kind.summary(last))
     return test
 
 
-# The progress of a pass interrupted by a mid-epoch checkpoint: the train metrics summed
-# since the last log line, so the next line averages the same steps as an uninterrupted run.
-_PARTIAL = ("accumulated",)
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a run is, and its best model so far: saved with every checkpoint (as the JSON
+    of :meth:`to_json`, whose keys ``checkpoint.META_KEYS`` checks and the audit reads).
+
+    Attributes:
+      epoch: the epoch in progress (the next one to run, at an epoch's end).
+      pass_: the pass of the epoch in progress (JSON ``pass``).
+      position: steps of that pass done.
+      best_value: the best validation score so far (``-inf``: none yet).
+      best_epoch: its epoch (-1: none).
+      best_step: its step, which names the best checkpoint (-1: none).
+      accumulated: the train metrics summed since the last log line, of a pass
+        interrupted by a mid-epoch checkpoint, so the next line averages the same steps
+        as an uninterrupted run.
+    """
+
+    epoch: int = 0
+    pass_: int = 0
+    position: int = 0
+    best_value: float = -math.inf
+    best_epoch: int = -1
+    best_step: int = -1
+    accumulated: dict | None = None
+
+    @property
+    def mid_epoch(self) -> bool:
+        return bool(self.pass_ or self.position)
+
+    def at(self, pass_: int, position: int) -> Progress:
+        """At step ``position`` of pass ``pass_`` of this epoch."""
+        return dataclasses.replace(self, pass_=pass_, position=position)
+
+    def finished_pass(self) -> Progress:
+        """After the epoch's passes: no partial sums left."""
+        return dataclasses.replace(self, accumulated=None)
+
+    def no_best(self) -> Progress:
+        """Forgets the best model (``EpochPlan.restart_best``)."""
+        return dataclasses.replace(self, best_value=-math.inf, best_epoch=-1, best_step=-1)
+
+    def next_epoch(self) -> Progress:
+        """At the start of the next epoch."""
+        return dataclasses.replace(
+            self, epoch=self.epoch + 1, pass_=0, position=0, accumulated=None
+        )
+
+    def to_json(self) -> dict:
+        out = {
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "best_step": self.best_step,
+            "epoch": self.epoch,
+            "pass": self.pass_,
+            "position": self.position,
+        }
+        if self.accumulated is not None:
+            out["accumulated"] = self.accumulated
+        return out
+
+    @classmethod
+    def from_json(cls, meta: dict) -> Progress:
+        """From a checkpoint's record (one written before ``best_step`` existed too)."""
+        return cls(
+            epoch=int(meta["epoch"]),
+            pass_=int(meta["pass"]),
+            position=int(meta["position"]),
+            best_value=float(meta["best_value"]),
+            best_epoch=int(meta["best_epoch"]),
+            best_step=int(meta.get("best_step", -1)),
+            accumulated=meta.get("accumulated"),
+        )
 
 
 class _Run(NamedTuple):
@@ -389,9 +455,11 @@ def _start_epoch(run: _Run, state, refresh: Refresher, epoch: int, plan):
     return state
 
 
-def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
-    """Runs steps ``start ..`` of ``one_pass``; logs and checkpoints along the way."""
+def _run_pass(run: _Run, state, at: Progress, one_pass, encoded, last: bool):
+    """Runs steps ``at.position ..`` of ``one_pass`` (pass ``at.pass_`` of epoch
+    ``at.epoch``; ``last``: the epoch's last pass); logs and checkpoints along the way."""
     cfg, batch_size = run.config, run.config.train.batch_size
+    epoch, start = at.epoch, at.position
     total = one_pass.num_steps
     batches = pipeline.stream_batches(
         run.pairs.record_fn,
@@ -408,8 +476,8 @@ def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
     network = np.int32(one_pass.network or 0)
     host_step = int(state.step)  # counted on the host from here: no per-step device sync
     accumulated = None
-    if start and meta.get("accumulated") is not None:  # resumed mid-pass: the partial sums
-        accumulated = {k: jnp.asarray(v, jnp.float32) for k, v in meta["accumulated"].items()}
+    if start and at.accumulated is not None:  # resumed mid-pass: the partial sums
+        accumulated = {k: jnp.asarray(v, jnp.float32) for k, v in at.accumulated.items()}
     tic = time.perf_counter()
     rate_from = start
     bar = tqdm.tqdm(
@@ -447,13 +515,13 @@ def _run_pass(run: _Run, state, epoch, p, one_pass, start, meta, encoded, last):
             # The epoch's last step is saved after validation, with the next epoch's progress.
             if every and host_step % every == 0 and not (last and done == total):
                 _check_finite(state, run.checkpointer)
-                progress = {**meta, "epoch": epoch, "pass": p, "position": done}
-                progress["accumulated"] = (
+                sums = (
                     None
                     if accumulated is None
                     else {k: np.asarray(v).tolist() for k, v in jax.device_get(accumulated).items()}
                 )
-                run.checkpointer.save(state, progress, encoded)
+                progress = dataclasses.replace(at, position=done, accumulated=sums)
+                run.checkpointer.save(state, progress.to_json(), encoded)
     return state
 
 
@@ -468,8 +536,8 @@ def _pass_lengths(epoch_passes) -> dict[str, float]:
     return out
 
 
-def _warn_if_tied(value: float, meta: dict, epoch: int, selection: str) -> None:
-    """Logs a warning when epoch ``epoch``'s validation score equals the best so far.
+def _warn_if_tied(value: float, progress: Progress, selection: str) -> None:
+    """Logs a warning when epoch ``progress.epoch``'s validation score equals the best so far.
 
     Selection keeps the earliest of tied epochs, as the official NCR/SCAN code does
     (``is_best = rsum > best_rsum``) and as ``argmax`` over the logged scores reads: a later
@@ -478,15 +546,15 @@ def _warn_if_tied(value: float, meta: dict, epoch: int, selection: str) -> None:
     saturated metric, a degenerate validation split): the selection is then arbitrary, and
     the warning says so.
     """
-    if meta["best_epoch"] >= 0 and value == meta["best_value"]:
+    if progress.best_epoch >= 0 and value == progress.best_value:
         logging.warning(
             "epoch %d: validation %s=%.6g ties the best epoch %d, which stays selected (ties "
             "keep the earlier epoch); the score does not tell these models apart: check that "
             "the validation split is large enough and the metric not saturated.",
-            epoch,
+            progress.epoch,
             selection,
             value,
-            meta["best_epoch"],
+            progress.best_epoch,
         )
 
 
