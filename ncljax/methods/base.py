@@ -206,6 +206,8 @@ class LossContext(NamedTuple):
       batches: all of the step's batches (main first), so that an update can read the
         others (PC2's pseudo-caption update reads the main batch's captions).
       peer_rows: the peer's memory rows gathered at each of ``batches`` (aligned).
+      memory_state: this network's ``Memory.state`` (e.g. SREM's division in use), or
+        ``None`` outside a train step.
     """
 
     step: Array
@@ -218,6 +220,7 @@ class LossContext(NamedTuple):
     prepared: PyTree = None
     batches: tuple = ()
     peer_rows: tuple = ()
+    memory_state: PyTree = None
 
 
 class RefreshContext(NamedTuple):

@@ -281,13 +281,6 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     return base.Memory(samples=samples, state={"calibration": paper_division(s)})
 
 
-def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=None):
-    """The model's outputs with the division in use (``energy_calibration`` ``[2, 3]``)."""
-    del s, phase, ctx
-    outputs = model(batch, train=train, rngs=rngs)
-    return outputs | {"energy_calibration": memory_state["calibration"]}
-
-
 def logits(s: Settings, outputs) -> jax.Array:
     """``F`` ``[B, B]``: the head's logit, or the cosine head's shifted, scaled cosine."""
     if "logit" in outputs:
@@ -328,7 +321,8 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
     del rows, peer_rows
     warmup = ctx.phase == base.WARMUP
     paper = paper_division(s)
-    division = outputs.get("energy_calibration", paper) if calibrated(s) else paper
+    state = ctx.memory_state or {}
+    division = state.get("calibration", paper) if calibrated(s) else paper
     f = logits(s, outputs)
     if s.calibration == "data" and not warmup:
         division = batch_division(s, f, division, batch["mask"])

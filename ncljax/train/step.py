@@ -228,6 +228,7 @@ class _Step:
             network=network,
             batches=batches,
             peer_rows=tuple(_gather_rows(peer_samples, b["index"]) for b in batches),
+            memory_state=memory_state,
         )
         ctx = ctx._replace(
             prepared=self.prepare(params, model_state, peer_params, peer_model_state, batches, ctx)

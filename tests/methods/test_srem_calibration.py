@@ -70,18 +70,12 @@ def test_refresh_calibrates_each_direction_on_the_last_epochs_energies(calibrati
         for i, d in enumerate(("i2t", "t2i")):
             want = _otsu_oracle(np.asarray(later.samples[f"energy_{d}"])[written])
             np.testing.assert_allclose(again.state["calibration"][i], want[:3], rtol=1e-4)
-    # The next epoch's steps read it through the forward pass.
+    # The next epoch's steps read it from the memory state in their loss context.
     logits = _logits(2)
-    outputs = method.forward_fn(
-        lambda batch, train, rngs: {"logit": logits},
-        {},
-        new.state,
-        train=True,
-        rngs=None,
-        phase=base.MAIN,
-    )
+    outputs = {"logit": logits}
     mask = jnp.ones(8, bool)
-    loss, _ = method.loss_fn(outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    ctx = _ctx(base.MAIN)._replace(memory_state=new.state)
+    loss, _ = method.loss_fn(outputs, {"mask": mask}, {}, {}, ctx)
     want, _ = srem_method.srem_loss(
         logits,
         threshold=division[:, 0],
@@ -112,15 +106,8 @@ def test_a_drift_of_the_energies_is_re_measured_not_fallen_back():
         return base.Memory(samples, memory.state)
 
     def step(method, state, f):
-        outputs = method.forward_fn(
-            lambda batch, train, rngs: {"logit": f},
-            {},
-            state,
-            train=True,
-            rngs=None,
-            phase=base.MAIN,
-        )
-        _, aux = method.loss_fn(outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+        ctx = _ctx(base.MAIN)._replace(memory_state=state)
+        _, aux = method.loss_fn({"logit": f}, {"mask": mask}, {}, {}, ctx)
         fell_back = float(np.asarray(aux.metrics["division_fallback"]).max())
         return np.asarray(aux.metrics["selected_i2t"]) > 0, fell_back
 
@@ -186,8 +173,8 @@ def test_paper_calibration_keeps_the_constants_exactly():
     assert not any(k.startswith("calibrated_") for k in diag)
     logits = _logits(0)
     mask = jnp.array([True] * 6 + [False] * 2)
-    other = {"logit": logits, "energy_calibration": jnp.zeros((2, 3))}  # ignored
-    loss, _ = method.loss_fn(other, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    ignored = _ctx(base.MAIN)._replace(memory_state={"calibration": jnp.zeros((2, 3))})
+    loss, _ = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, ignored)
     old, views = srem_method.srem_loss(logits, threshold=-3.0, where=mask)  # the old objective
     assert all(0 < int(v.clean.sum()) < 6 for v in views.values())
     np.testing.assert_array_equal(loss, old)

@@ -4,6 +4,7 @@ labels), without building the method through the registry."""
 
 import inspect
 import logging
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from ncljax.methods import base, srem
+from ncljax.train import step as step_lib
 from tests.labels.test_srem_calibration import _otsu_oracle
 
 
@@ -95,18 +97,19 @@ def test_warmup_loss_against_numpy_and_its_memory_rows():
 
 
 def test_main_loss_reads_the_division_in_use():
-    """Calibrated, the division comes from the forward's ``energy_calibration`` (as given
+    """Calibrated, the division comes from the memory state in the loss context (as given
     with ``'warmup'``; ``'data'`` re-measures a degenerate one, see the next test); with
-    ``calibration='paper'`` from the settings (Eq. 2 at ``tau``), whatever the outputs carry."""
+    ``calibration='paper'`` from the settings (Eq. 2 at ``tau``), whatever the state holds."""
     logits = jnp.asarray(_logits(seed=1))
     mask = jnp.ones(6, bool)
     division = jnp.asarray([[-1.0, -3.0, 1.0], [-1.5, -2.5, 0.5]], jnp.float32)
-    outputs = {"logit": logits, "energy_calibration": division}
+    outputs = {"logit": logits}
     paper = srem.Settings(calibration="paper", tau=-4.0)
 
     @jax.jit
     def both(outputs):  # one program: the method's losses and the library's
-        ctx, batch = _ctx(base.MAIN), {"mask": mask}
+        ctx = _ctx(base.MAIN)._replace(memory_state={"calibration": division})
+        batch = {"mask": mask}
         calibrated = srem.loss(srem.Settings(calibration="warmup"), outputs, batch, {}, {}, ctx)
         given = srem.loss(paper, outputs, batch, {}, {}, ctx)[1]
         thresholds = dict(threshold=division[:, 0], m_clean=division[:, 1], m_noisy=division[:, 2])
@@ -124,14 +127,20 @@ def test_main_loss_reads_the_division_in_use():
     assert 0 < clean.sum() < 6  # the threshold splits the batch
 
 
-def test_init_memory_and_forward_carry_the_given_division():
+def test_init_memory_carries_the_given_division_and_the_step_hands_it_to_the_loss():
     s = srem.Settings(tau=-1.0, m_clean=-3.0, m_noisy=2.0)
     memory = srem.init_memory(s, base.InitContext(4, None, None, None))
     np.testing.assert_array_equal(memory.state["calibration"], [[-1.0, -3.0, 2.0]] * 2)
     np.testing.assert_array_equal(memory.samples["energy_epoch"], [-1.0] * 4)
-    model = lambda batch, train, rngs: {"sim": jnp.zeros((2, 2))}
-    outputs = srem.forward(s, model, {}, memory.state, train=True, rngs=None, phase=base.MAIN)
-    assert outputs["energy_calibration"] is memory.state["calibration"]
+    seen = []
+    step = step_lib._Step(None, base.Method("spy", None, None), None, 4)
+    update = lambda trained, *args: (trained, jnp.array(True), seen.append(args[-2]) or {})
+    net = (None, None, None, {}, memory.state)
+    peer = (None, None, {})
+    batches = ({"index": jnp.arange(2), "mask": jnp.ones(2, bool)},)
+    with mock.patch.object(step_lib._Step, "update", lambda self, *a: update(*a)):
+        step.network_step(net, peer, None, 0, batches, step_lib.StepSpec(0), _ctx(0), None)
+    assert seen[0].memory_state is memory.state
 
 
 def test_division_diagnostics_by_hand():
@@ -206,7 +215,7 @@ def test_bind_binds_the_settings():
     method = srem.bind(s)
     assert method.settings is s and method.name == "srem"
     assert method.plan_fn(3) == srem.plan(s, 3)
-    assert method.forward_fn.func is srem.forward and method.forward_fn.args == (s,)
+    assert method.forward_fn is base.default_forward  # the division reaches it in ctx
 
 
 def test_a_batch_the_epochs_division_does_not_divide_is_divided_by_its_own_energies():
@@ -225,10 +234,9 @@ def test_a_batch_the_epochs_division_does_not_divide_is_divided_by_its_own_energ
     np.testing.assert_allclose(got[0], _otsu_oracle(energies["i2t"])[:3], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], np.asarray(epoch[1]), rtol=1e-6)
     # The step trains the re-measured division: no fallback in either direction.
-    outputs = {"logit": logits, "energy_calibration": epoch}
-    _, aux = srem.loss(s, outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN))
+    outputs = {"logit": logits}
+    ctx = _ctx(base.MAIN)._replace(memory_state={"calibration": epoch})
+    _, aux = srem.loss(s, outputs, {"mask": mask}, {}, {}, ctx)
     assert float(np.asarray(aux.metrics["division_fallback"]).max()) == 0.0
-    _, frozen = srem.loss(
-        srem.Settings(calibration="warmup"), outputs, {"mask": mask}, {}, {}, _ctx(base.MAIN)
-    )
+    _, frozen = srem.loss(srem.Settings(calibration="warmup"), outputs, {"mask": mask}, {}, {}, ctx)
     assert float(np.asarray(frozen.metrics["division_fallback"]).max()) == 1.0
