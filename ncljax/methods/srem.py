@@ -667,7 +667,7 @@ def srem_loss(
 ) -> tuple[jax.Array, dict[str, SREMDirection]]:
     r"""SREM's total objective over both retrieval directions, per pair.
 
-    Main training (``srem.md`` Sec. 3.7):
+    Main training (the paper's total objective, Sec. "Model Optimization"):
 
     .. math::
       L = \tfrac12(L_w^{i2t} + L_w^{t2i}) + \lambda_1(L_u^{i2t} + L_u^{t2i})

@@ -102,7 +102,8 @@ def train_and_evaluate(
         jax.distributed.initialize()
     # Every field is checked, and everything built, before anything is written.
     config, b = _build(config, overridden)
-    method, pairs, mesh, tx, graphdef, state, evaluator, train_split = b
+    method, pairs, mesh, tx, graphdef, state = b.method, b.pairs, b.mesh, b.tx, b.graphdef, b.state
+    evaluator, train_split = b.evaluator, b.train_split
     text_fields = models.input_fields(config.model)[1]
     schedule = optim.learning_rate_schedule(config.optim, num_epochs=config.train.epochs)
 
@@ -148,7 +149,20 @@ def train_and_evaluate(
         return _train(run, graphdef, state, evaluator, mesh, workdir, callbacks)
 
 
-def _build(config, overridden):
+class _Built(NamedTuple):
+    """What a run builds before it writes anything (``_build``)."""
+
+    method: Any
+    pairs: pipeline.TrainingPairs
+    mesh: jax.sharding.Mesh
+    tx: Any
+    graphdef: Any
+    state: Any
+    evaluator: Any
+    train_split: Any
+
+
+def _build(config, overridden) -> tuple[ml_collections.ConfigDict, _Built]:
     """Checks every field and builds the run (data, method, noisy pairs, mesh, optimiser,
     model and state, evaluator) before anything is written: ``(config, built)`` with
     ``data.folder`` made absolute."""
@@ -192,7 +206,7 @@ def _build(config, overridden):
         fields=(image_fields, text_fields),
         pool=method.eval_pool,
     )
-    return config, (method, pairs, mesh, tx, graphdef, state, evaluator, train_split)
+    return config, _Built(method, pairs, mesh, tx, graphdef, state, evaluator, train_split)
 
 
 def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
