@@ -25,8 +25,9 @@ from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser as _ConfigFileParser
 
 from ncljax import cli
-from ncljax.train import checkpoint, presets, train_and_evaluate
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
+from ncljax.config import presets, renames
+from ncljax.train import checkpoint, train_and_evaluate
 from ncljax.train.checkpoint import CheckpointError
 from ncljax.train.rundir import WorkdirLocked
 
@@ -45,7 +46,11 @@ def parse_flags(argv):
     traceback of a config file that fails to load): a config override naming no field or
     of the wrong type, a config file that refuses its argument (``configs/vse.py:synthetci``)
     or cannot be loaded (not Python, no ``get_config``, an error inside it), a missing
-    ``--config``, an unknown flag and an argument that is not a flag."""
+    ``--config``, an unknown flag, an argument that is not a flag and a config field under
+    its old name (``ncljax.config.renames``)."""
+    old = renames.refuse_old_flags(argv)
+    if old is not None:
+        sys.exit(old)
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as e:  # parsing again would define the override flags twice
@@ -76,7 +81,7 @@ def parse_flags(argv):
             )
         sys.exit(
             f"Unknown config field in {overrides}: {hint}. All fields and their defaults "
-            "are listed in ncljax/train/config.py."
+            "are listed in ncljax/config/base.py."
         )
     except Exception as e:
         if not _loading_config_file(e) or _verbose(argv):

@@ -56,11 +56,11 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from ncljax import backend, methods  # noqa: E402
+from ncljax import config as config_lib  # noqa: E402
+from ncljax.config import presets  # noqa: E402
 from ncljax.methods import InitContext, Memory, RefreshContext, ncr  # noqa: E402
 from ncljax.models import sgraf  # noqa: E402
-from ncljax.train import config as config_lib  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
-from ncljax.train import presets  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 

@@ -67,7 +67,7 @@ def options(args):
 
 
 def parse_remat(text: str):
-    """``--remat``: a ``model.remat`` choice (``auto``, ``full``, ``projections``, ``none``)."""
+    """``--remat``: a ``model.sgraf.remat`` choice (auto, full, projections, none)."""
     return retrieval.resolve_remat(text)
 
 

@@ -26,8 +26,8 @@ import json
 import os
 import time
 
+from ncljax import config as config_lib
 from ncljax import methods
-from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,12 +19,15 @@ set_cpu_devices(sys.argv)
 
 import jax  # noqa: E402
 
-from ncljax import methods, models  # noqa: E402
+from ncljax import config as config_lib  # noqa: E402
+from ncljax import (  # noqa: E402
+    methods,
+    models,
+    optim,
+)
 from ncljax.data import pipeline, sources  # noqa: E402
 from ncljax.methods import InitContext  # noqa: E402
-from ncljax.train import config as config_lib  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
-from ncljax.train import optim  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 
@@ -34,7 +37,7 @@ def preset(name: str):
     c = config_lib.base_config()
     c.data.num_train, c.data.num_val, c.data.num_test = 512, 8, 8
     if name in ("quickstart", "vse-dual", "infonce"):
-        c.model.embed_dim, c.model.word_dim = 128, 64
+        c.model.embed_dim, c.model.tokens.word_dim = 128, 64
         c.method = "infonce" if name == "infonce" else "vse"
         if name == "vse-dual":
             c.method_kwargs.num_networks = 2
@@ -42,7 +45,7 @@ def preset(name: str):
         c.method = "ce"
         c.data.captions_per_image = 1
         c.model.image_input = c.model.text_input = "global"
-        c.model.image_hidden = c.model.text_hidden = (512, 512)
+        c.model.cosine.image_hidden = c.model.text_mlp.hidden = (512, 512)
         c.model.embed_dim, c.model.classifier = 128, True
     else:
         raise ValueError(f"unknown preset {name!r}")

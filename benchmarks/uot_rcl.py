@@ -31,14 +31,18 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ncljax import methods, models  # noqa: E402
+from ncljax import config as config_lib  # noqa: E402
+from ncljax import (  # noqa: E402
+    methods,
+    models,
+    optim,
+)
+from ncljax.config import presets  # noqa: E402
 from ncljax.data import sources  # noqa: E402
 from ncljax.labels import correction, ot  # noqa: E402
 from ncljax.methods import base  # noqa: E402
 from ncljax.methods import uot_rcl as uot_lib  # noqa: E402
-from ncljax.train import config as config_lib  # noqa: E402
 from ncljax.train import mesh as mesh_lib  # noqa: E402
-from ncljax.train import optim, presets  # noqa: E402
 from ncljax.train import state as state_lib  # noqa: E402
 from ncljax.train import step as step_lib  # noqa: E402
 

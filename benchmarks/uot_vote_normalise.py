@@ -22,7 +22,7 @@ import argparse
 import json
 import os
 
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -94,8 +94,8 @@ def write(folder: str, images: int, cpi: int, eval_images: int) -> float:
 
 def measure(folder: str, args) -> None:
     """The read phase (run in a fresh process: its peak memory is the reader's)."""
+    from ncljax import config as config_lib
     from ncljax.data import pipeline, sources, vectors
-    from ncljax.train import config as config_lib
 
     start_rss = _status_mib("VmRSS")
     data = sources.default_config("vectors")

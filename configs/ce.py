@@ -7,7 +7,7 @@ r"""Prototype cross-entropy on the observed labels: the "CE" baseline of the noi
   python train.py --config=configs/ce.py:vectors --config.data.folder=DIR   # your vectors
 
 The MRL architecture (two MLPs over the released image and text features, unit class
-prototypes, ``ncljax.train.presets.use_mrl``) trained with cross-entropy on the
+prototypes, ``ncljax.config.presets.use_mrl``) trained with cross-entropy on the
 observed labels, 100 epochs, the MRL batch of each dataset (Wikipedia 100, NUS-WIDE
 500, XMediaNet 100, INRIA-Websearch 200), 40% symmetric label noise shared by both
 modalities (the papers: 0.2 to 0.8). The released file goes in ``data.manual_dir``
@@ -22,8 +22,8 @@ References: Hu et al., "Learning Cross-Modal Retrieval with Noisy Labels" (MRL),
 Noisy Labels", 2024.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 DATASETS = ("synthetic", *presets.LABELLED, "vectors")
 

@@ -35,8 +35,8 @@ Reference: Zhao et al., "Mitigating Noisy Correspondence by Geometrical Structur
 Consistency Learning", CVPR 2024.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 # preset -> dataset -> (gamma, lr decay period, epochs, networks)
 PRESETS = {

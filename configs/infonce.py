@@ -15,8 +15,8 @@ Coding", 2018; Radford et al., "Learning Transferable Visual Models From Natural
 Language Supervision" (CLIP), ICML 2021.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 DATASETS = ("synthetic", "f30k", "coco", "cc152k", "vectors")
 

@@ -35,8 +35,8 @@ Reference: Huang et al., "Learning with Noisy Correspondence for Cross-modal Mat
 NeurIPS 2021.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 # dataset: (warm-up epochs, co-training epochs, lr decay period in co-training epochs)
 SCHEDULES = {

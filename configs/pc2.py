@@ -63,8 +63,8 @@ Reference: Duan et al., "PC2: Pseudo-Classification Based Pseudo-Captioning for 
 Correspondence Learning in Cross-Modal Retrieval", ACM MM 2024.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 # dataset: (warm-up epochs, co-training epochs, lr decay period in co-training epochs)
 SCHEDULES = {

@@ -41,8 +41,8 @@ Reference: Dang et al., "Noisy Correspondence Learning with Self-Reinforcing Err
 Mitigation", AAAI 2024.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 # dataset: (warm-up epochs, main epochs, lr decay period in main epochs or None)
 SCHEDULES = {

@@ -12,7 +12,7 @@ r"""UGNCL: evidence of two image views, uncertainty-guided division, trusted rob
   python train.py --config=configs/ugncl.py:vectors --config.data.folder=DIR   # your vectors
 
 Real benchmarks (``ugncl.md`` Sec. 5.3): the SGR head with its raw output
-(``model.sim_output='raw'``) and two image views (``model.views=2``: two FC 2048->1024
+(``model.sgraf.sim_output='raw'``) and two image views (``model.views=2``: two FC 2048->1024
 projections, one Bi-GRU and head); ``--config.model.head=saf`` for the other half of
 UGNCL*, the ensemble command above (the mean of the four views' evidences). Batch 128 in
 full batches, Adam 2e-4 with clipping 2.0; (warm-up, training epochs, lr x0.1 every):
@@ -44,8 +44,8 @@ Reference: Zha et al., "UGNCL: Uncertainty-Guided Noisy Correspondence Learning 
 Efficient Cross-Modal Matching", SIGIR 2024.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 # dataset: (warm-up epochs, training epochs, lr decay period in training epochs or None)
 SCHEDULES = {
@@ -88,5 +88,5 @@ def get_config(arg: str = "synthetic"):
     config.method_kwargs = config_lib.method_kwargs("ugncl", **kwargs)
     config.model.views = 2
     if config.model.head != "cosine":
-        config.model.sim_output = "raw"
+        config.model.sgraf.sim_output = "raw"
     return presets.schedule_warmup(config, dataset, options, SCHEDULES[dataset])

@@ -9,7 +9,7 @@ r"""UOT-RCL: partial-OT label correction and OT relation alignment, for noisy ca
 
 Real benchmarks (the paper's settings): the MRL backbone (two MLPs d -> 4096 -> 4096 ->
 512 over the released features, unit prototypes, Adam 1e-4 with betas 0.5/0.999, cosine
-annealing; ``ncljax.train.presets.use_mrl``), 100 epochs, 2 warm-up epochs of
+annealing; ``ncljax.config.presets.use_mrl``), 100 epochs, 2 warm-up epochs of
 cross-entropy, 5 confident pairs per class, momentum 0.99, lambda 0.4, mass 0.2 -> 0.8,
 40% symmetric label noise shared by both modalities (the paper: 0.2 to 0.8); per dataset
 the batch (``presets.LABELLED_BATCH``) and kappa, the neighbours of the confident-set
@@ -39,8 +39,8 @@ Reference: Han et al., "A Unified Optimal Transport Framework for Cross-Modal Re
 with Noisy Labels", arXiv 2403.13480, 2024.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 NEIGHBOURS = {
     "synthetic": 50,

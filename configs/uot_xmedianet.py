@@ -9,7 +9,7 @@ is ``configs/uot_rcl.py``'s (its docstring lists them), the argument is passed o
 
 import os
 
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 
 DATASETS = ("xmedianet",)
 

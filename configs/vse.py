@@ -10,14 +10,14 @@ r"""VSE++ (hinge triplet, hardest negatives): the non-robust baseline of every m
   python train.py --config=configs/vse.py:vectors --config.data.folder=DIR  # your own vectors
 
 Margin 0.2, hardest negatives, one network. Real benchmarks: the SGR head with the
-NCR/SGRAF settings (``ncljax.train.presets.use_sgraf``: Adam 2e-4, x0.1 after 30 epochs,
+NCR/SGRAF settings (``ncljax.config.presets.use_sgraf``: Adam 2e-4, x0.1 after 30 epochs,
 40 epochs; 60 on NoW), per-caption noise at 0.2 on F30K and COCO, none on the web data
 (CC152K, NoW), COCO tested on 5 folds of 1K. The released files go in
 ``data.manual_dir`` (layouts in ``ncljax/data``). ``:synthetic``: 20,000 pairs with 40%
 per-caption noise, region encoder, Bi-GRU and cosine head, 12 epochs (the quickstart's
 setting, so GSC and VSE++ compare like for like). ``:vectors``: a folder of your own
 image and caption vectors (``ncljax.data.vectors``), its own pairs, MLP encoders and the
-cosine head (``ncljax.train.presets``: 1024 hidden, 256-d embeddings, Adam 5e-4, batch
+cosine head (``ncljax.config.presets``: 1024 hidden, 256-d embeddings, Adam 5e-4, batch
 128, 20 epochs).
 
 References: Faghri et al., "VSE++: Improving Visual-Semantic Embeddings with Hard
@@ -25,8 +25,8 @@ Negatives", BMVC 2018; Diao et al., "Similarity Reasoning and Filtration for Ima
 Matching" (SGRAF), AAAI 2021.
 """
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 EPOCHS = {"now": 60}  # others: the preset's (12 synthetic, 40 SGRAF)
 DATASETS = ("synthetic", "f30k", "coco", "cc152k", "now", "vectors")

@@ -207,7 +207,7 @@ def _paired_images(split, noise_cfg) -> np.ndarray:
     n, cpi = split.num_captions, split.captions_per_image
     if noise_cfg.kind == "file":
         made = noise.load_correspondence_noise_file(
-            noise_cfg.file, n, cpi, expected=noise_cfg.file_kind
+            noise_cfg.file.path, n, cpi, expected=noise_cfg.file.layout
         )
         return made.image_index
     if noise_cfg.kind in ("per_caption", "per_image"):
@@ -217,7 +217,7 @@ def _paired_images(split, noise_cfg) -> np.ndarray:
             rate=noise_cfg.rate,
             seed=noise_cfg.seed,
             protocol=noise_cfg.kind,
-            exact=noise_cfg.exact,
+            exact=noise_cfg.pairs.exact,
         )
         return made.image_index
     return np.arange(n) // cpi  # no correspondence noise: the pairs as the dataset gives them

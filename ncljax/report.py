@@ -298,11 +298,16 @@ def check_set_fields(runs: Sequence[Run], sets: Sequence[str], quick: bool = Fal
     (``--set=train.epoch=3``): each distinct config of ``runs`` is loaded as its
     ``train.py`` would load it, and every field must be in each (a typo would otherwise
     fail every run of the sweep, one at a time)."""
-    from ncljax.train import config as config_lib
+    from ncljax import config as config_lib
+    from ncljax.config import renames
 
     fields = [s.partition("=")[0] for s in sets]
     if not fields:
         return
+    for field in fields:
+        old = renames.refusal(field, "--set=")
+        if old is not None:
+            raise ValueError(old)
     loaded = {}
     for run in runs:
         args = train_args(run, quick=quick, folder="-")
@@ -1482,7 +1487,7 @@ def _ints(values: Sequence[str]) -> list[int]:
         seeds = [int(v) for v in values]
     except ValueError:
         raise ValueError(f"--seeds must be integers, got {list(values)}.") from None
-    if any(not 0 <= s < 2**63 for s in seeds):  # a run's seed field (ncljax.train.fields)
+    if any(not 0 <= s < 2**63 for s in seeds):  # a run's seed field (ncljax.config.fields)
         raise ValueError(f"--seeds must be integers in [0, 2**63), got {list(values)}.")
     return seeds
 

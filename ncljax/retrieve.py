@@ -29,15 +29,15 @@ of the matrix the split's rSum is computed from, best first, equal similarities 
 order. (A query is scored alone, not in the evaluator's blocks of many, so its values may
 differ from the evaluator's by rounding, ~1e-7; the evaluator counts similarities closer
 than ``evaluate.TIE_ATOL`` as tied and scores their expected rank, so within such
-near-ties any order is its order. With ``eval.coco_5fold`` the test figures rank within
+near-ties any order is its order. With ``eval.recall.coco_5fold`` the test figures rank within
 1K folds; this ranks the whole split, as the ``full_*`` figures. An ``eval.kind='map'`` run
 ranks by the mean cosine its mAP uses.)
 
 SGR/SAF heads score each pair through their similarity network, with no embedding of one
 side alone: a query ranks the whole split when its candidates fit one evaluation block
-(``eval.text_chunk`` captions or ``eval.image_chunk`` images, e.g. Flickr30K's 5,000 test
-captions); beyond that ``--candidates`` (a shortlist, e.g. a cosine-head run's top 100)
-is re-ranked. ``--candidates`` works with every head.
+(``eval.recall.text_chunk`` captions or ``eval.recall.image_chunk`` images, e.g.
+Flickr30K's 5,000 test captions); beyond that ``--candidates`` (a shortlist, e.g. a
+cosine-head run's top 100) is re-ranked. ``--candidates`` works with every head.
 
 ``--export=DIR`` (cosine head, the plain mean of the networks' cosines, one image view)
 writes ``{split}_image_emb.npy`` ``[num_images, K * D]`` and ``{split}_text_emb.npy``
@@ -237,12 +237,12 @@ def _check_index(run: Run, index: int, noun: str, count: int) -> int:
 def _check_whole_split(run: Run, count: int, noun: str, chunk_field: str) -> None:
     """SGR/SAF: a whole split beyond one evaluation block needs a shortlist."""
     head = run.config.model.head
-    chunk = run.config.eval[chunk_field]
+    chunk = run.config.eval.recall[chunk_field]
     if head in PAIRWISE_HEADS and count > chunk:
         raise ValueError(
             f"The {head.upper()} head scores every pair through its similarity network, and "
             f"split {run.split!r} holds {count} {noun}s, more than one evaluation block "
-            f"(eval.{chunk_field}={chunk}); pass candidates (--candidates=i,j,...: a "
+            f"(eval.recall.{chunk_field}={chunk}); pass candidates (--candidates=i,j,...: a "
             f"shortlist of {noun} indices to re-rank, e.g. a cosine-head run's top 100)."
         )
 
@@ -258,7 +258,7 @@ def rank_captions(run: Run, image_index: int, candidates: Sequence[int] | None =
       run: from :func:`load`.
       image_index: the query image's position in the split.
       candidates: caption indices to re-rank (default: every caption of the split; needed
-        for SGR/SAF beyond ``eval.text_chunk`` captions).
+        for SGR/SAF beyond ``eval.recall.text_chunk`` captions).
 
     Returns:
       The captions, most similar first.
@@ -275,7 +275,7 @@ def rank_captions(run: Run, image_index: int, candidates: Sequence[int] | None =
         index = _candidate_index(candidates, run.num_captions, "caption")
     texts = _gather(run.encoded.texts, None if candidates is None else index)
     image = blocks.take_rows(run.encoded.images, image_index, 1)
-    chunk = min(run.config.eval.text_chunk, index.size)
+    chunk = min(run.config.eval.recall.text_chunk, index.size)
     return _order(_scores(run, image, texts, 1, index.size, chunk), index)
 
 
@@ -289,7 +289,7 @@ def rank_images(run: Run, caption_index: int, candidates: Sequence[int] | None =
       run: from :func:`load`.
       caption_index: the query caption's position in the split.
       candidates: image indices to re-rank (default: every image of the split; needed for
-        SGR/SAF beyond ``eval.image_chunk`` images).
+        SGR/SAF beyond ``eval.recall.image_chunk`` images).
 
     Returns:
       The images, most similar first.
@@ -305,7 +305,7 @@ def rank_images(run: Run, caption_index: int, candidates: Sequence[int] | None =
         index = _candidate_index(candidates, run.num_images, "image")
     images = _gather(run.encoded.images, None if candidates is None else index)
     text = blocks.take_rows(run.encoded.texts, caption_index, 1)
-    chunk = min(run.config.eval.image_chunk, index.size)
+    chunk = min(run.config.eval.recall.image_chunk, index.size)
     return _order(_scores(run, images, text, 0, index.size, chunk), index)
 
 

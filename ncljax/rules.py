@@ -1,17 +1,24 @@
-"""The one vocabulary of value checks: a :class:`Rule` says what a value must be.
+"""The one vocabulary of value checks and configurable kinds.
 
-Method hyperparameters (``ncljax.methods.settings``) and config fields
-(``ncljax.train.fields``) are checked with these rules, and refused in one line that
-completes "``<name>`` must be <phrase>". Numbers must be finite (NaN and infinities are
-refused), integers must be integers (not a ``bool``, not a float such as ``2.0``), and
-flags must be ``True`` or ``False``.
+A :class:`Rule` says what a value must be. Method hyperparameters
+(``ncljax.methods.settings``) and config fields (``ncljax.config.fields``) are checked
+with these rules, and refused in one line that completes "``<name>`` must be <phrase>".
+Numbers must be finite (NaN and infinities are refused), integers must be integers (not a
+``bool``, not a float such as ``2.0``), and flags must be ``True`` or ``False``.
+
+A :class:`Choice` is a config field that picks one of several kinds (:class:`Kind`: the head,
+the optimiser, the schedule, the evaluation, the noise); each kind owns the config
+sections it reads (each field a :class:`Setting` with its default and rule), declared beside the
+code that implements it. ``ncljax.config`` builds the base config from the choices and
+reads a kind's sections only when the run chose it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 
@@ -101,6 +108,14 @@ def noted(rule: Rule, note: str) -> Rule:
     return Rule(rule.accepts, f"{rule.phrase} ({note})")
 
 
+def widths(example: str = "'(1024,)' or '()'") -> Rule:
+    """A tuple (or list) of positive integers: layer widths, lengths."""
+    return Rule(
+        lambda v: isinstance(v, (tuple, list)) and all(is_int(w) and w >= 1 for w in v),
+        f"a tuple of positive integers, e.g. {example}",
+    )
+
+
 FINITE = Rule(is_number, "a finite number")
 POSITIVE = greater_than(0)
 NON_NEGATIVE = at_least(0)
@@ -108,3 +123,89 @@ UNIT_INTERVAL = interval(0, 1)
 BOOLEAN = Rule(lambda v: isinstance(v, bool), "True or False")
 NON_NEGATIVE_INT = int_at_least(0)
 POSITIVE_INT = int_at_least(1)
+FRACTION = interval(0, 1, high_open=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One field of a kind's section: its default, what it accepts (None: anything of the
+    default's type) and what it means."""
+
+    default: Any
+    rule: Rule | None = None
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One value of a :class:`Choice` and the config it reads.
+
+    Attributes:
+      name: the choice's value (``'sgr'``, ``'step'``, ``True``...).
+      sections: ``{path: {field: Setting}}``: the sections this kind reads (e.g.
+        ``'model.sgraf'``); kinds of one choice may share a section (the same mapping).
+      reads: fields outside any section that this kind reads and some other kinds of its
+        choice do not (e.g. ``noise.rate``); their defaults and rules are the base
+        config's.
+      doc: one line on the kind.
+    """
+
+    name: Any
+    sections: Mapping[str, Mapping[str, Setting]] = dataclasses.field(default_factory=dict)
+    reads: tuple[str, ...] = ()
+    doc: str = ""
+
+    def paths(self) -> frozenset[str]:
+        """The sections and fields this kind reads beyond its choice's field."""
+        return frozenset(self.sections) | frozenset(self.reads)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A config field that picks a :class:`Kind`: ``field`` (e.g. ``'model.head'``), its
+    ``default`` and the ``kinds``, in the order the messages list them."""
+
+    field: str
+    default: Any
+    kinds: tuple[Kind, ...]
+
+    @property
+    def names(self) -> tuple:
+        return tuple(k.name for k in self.kinds)
+
+    def rule(self) -> Rule:
+        """The choice's field accepts the names of its kinds."""
+        return one_of(*self.names)
+
+    def kind(self, value) -> Kind | None:
+        """The kind named ``value`` (None for an unknown one)."""
+        for kind in self.kinds:
+            if _same_kind(value, kind.name) and kind.name == value:
+                return kind
+        return None
+
+    def owners(self, path: str) -> tuple[Kind, ...]:
+        """The kinds that read ``path``."""
+        return tuple(k for k in self.kinds if path in k.paths())
+
+    def unread(self, value) -> tuple[str, ...]:
+        """The paths of this choice's kinds that the kind ``value`` does not read (all of
+        them, in declaration order, for an unknown value)."""
+        kind = self.kind(value)
+        chosen = kind.paths() if kind is not None else frozenset()
+        seen = []
+        for k in self.kinds:
+            for path in (*k.sections, *k.reads):
+                if path not in chosen and path not in seen:
+                    seen.append(path)
+        return tuple(seen)
+
+    def sections(self) -> dict[str, Mapping[str, Setting]]:
+        """Every section of the choice's kinds, once, in declaration order."""
+        found = {}
+        for kind in self.kinds:
+            for path, section in kind.sections.items():
+                if path in found and found[path] is not section:
+                    raise ValueError(f"{self.field}: two kinds declare different {path} sections.")
+                found[path] = section
+        return found

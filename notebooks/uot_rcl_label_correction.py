@@ -133,7 +133,7 @@ for e, s, sel, c, o in zip(epochs, mass, selected, corrected, observed, strict=T
 # both; the figure draws the first).
 
 # %%
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 
 # run name -> config file of its method (both with the argument "synthetic[,SWEEP_ARG]")

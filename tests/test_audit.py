@@ -69,7 +69,7 @@ def _true_clean(workdir):
         rate=config.noise.rate,
         seed=config.noise.seed,
         protocol=config.noise.kind,
-        exact=config.noise.exact,
+        exact=config.noise.pairs.exact,
     )
     return made.image_index == np.arange(split.num_captions) // split.captions_per_image
 

@@ -9,10 +9,11 @@ import os
 
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
+from ncljax.config import validation
 from ncljax.data import vectors
-from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, validation
+from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_inria, write_mrl
 from tests.data.test_precomp import TRAINABLE_SIZES, write_release
 from tests.data.test_vectors import make_arrays
@@ -91,7 +92,7 @@ def _shrink(config, tmp_path):
     if d.get("split_rule") in ("test_head", "train_tail"):
         d.valid_len = 4  # validation rows carved from the fixture's splits
     if config.eval.kind == "recall":
-        config.eval.coco_5fold = False  # the fixture holds no 1K fold
+        config.eval.recall.coco_5fold = False  # the fixture holds no 1K fold
     m.embed_dim = 16
     if m.text_input == "tokens":
         m.word_dim = 8

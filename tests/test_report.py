@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from sklearn import metrics as sklearn_metrics
 
+from ncljax import config as config_lib
 from ncljax import report
+from ncljax.config import validation
 from ncljax.data import real_worlds, vectors, worlds
-from ncljax.train import config as config_lib
-from ncljax.train import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

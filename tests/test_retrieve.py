@@ -18,12 +18,13 @@ import jax
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import evaluate, retrieve
+from ncljax.config import presets
+from ncljax.config.fields import reset_unread
 from ncljax.data import vectors
-from ncljax.train import config as config_lib
-from ncljax.train import ensemble, presets, train_and_evaluate
+from ncljax.train import ensemble, train_and_evaluate
 from ncljax.train import mesh as mesh_lib
-from ncljax.train.fields import reset_unread
 from tests.train.test_ensemble import _brute_force
 from tests.train.test_loop import ROOT, load_config, tiny
 
@@ -71,7 +72,7 @@ def gsc(tmp_path_factory, folder):
     config.method = "gsc"
     config.method_kwargs = config_lib.method_kwargs("gsc")
     config.data.folder = folder
-    config.model.image_hidden = config.model.text_hidden = (128,)
+    config.model.cosine.image_hidden = config.model.text_mlp.hidden = (128,)
     config.model.embed_dim = 64
     config.optim.learning_rate = 2e-3
     config.train.epochs, config.train.batch_size, config.eval.batch_size = 2, 64, 64
@@ -341,8 +342,12 @@ def test_an_unfinished_run_is_refused(vse, tmp_path):
 def test_sgr_reranks_candidates_in_the_matrix_order(tmp_path):
     config = tiny(load_config("vse", "synthetic"), epochs=1)
     config.model.head = "sgr"
-    config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
-    config.model.sgr_steps, config.model.remat, config.model.length_groups = 1, "none", 1
+    config.model.embed_dim, config.model.tokens.word_dim, config.model.sgraf.sim_dim = 16, 8, 8
+    config.model.sgr.steps, config.model.sgraf.remat, config.model.sgraf.length_groups = (
+        1,
+        "none",
+        1,
+    )
     reset_unread(config)
     config.train.num_devices = 1
     train_and_evaluate(config, str(tmp_path / "sgr"))
@@ -353,7 +358,7 @@ def test_sgr_reranks_candidates_in_the_matrix_order(tmp_path):
     np.testing.assert_array_equal(ranking.index, captions[np.argsort(-sim[0, captions])])
     np.testing.assert_allclose(ranking.score, sim[0, ranking.index], atol=evaluate.TIE_ATOL)
     small = run.config.copy_and_resolve_references()
-    small.eval.text_chunk = 40
+    small.eval.recall.text_chunk = 40
     with pytest.raises(ValueError, match=r"^The SGR head scores every pair .*--candidates="):
         retrieve.rank_captions(run._replace(config=small), 0)
     with pytest.raises(ValueError, match=r"has no embedding export: its SGR head"):
@@ -383,7 +388,7 @@ def test_the_command_prints_escape_sequences_in_captions_escaped(tmp_path):
     config.method = "infonce"
     config.method_kwargs = config_lib.method_kwargs("infonce")
     config.data.folder = folder
-    config.model.image_hidden = config.model.text_hidden = (32,)
+    config.model.cosine.image_hidden = config.model.text_mlp.hidden = (32,)
     config.model.embed_dim = 16
     config.train.epochs, config.train.batch_size, config.eval.batch_size = 1, 32, 16
     config.train.num_devices, config.train.progress_bar = 1, False

@@ -12,6 +12,11 @@ Noise is applied by the input pipeline, never baked into the prepared data:
 * **Noisy labels** are observed class labels per modality, made by symmetric or
   asymmetric corruption (the MRL protocol, with its off-by-one bug fixed).
 
+The config's ``noise.kind`` picks one (``KIND``, the kinds and the config sections they
+read: ``noise.pairs`` for correspondence noise, ``noise.labels`` and
+``noise.symmetric`` for label noise, ``noise.file`` for an index file; ``noise.seed`` for
+noise made from a rate).
+
 Every noise is a pure function of its arguments and an integer ``seed``. The
 ``clean`` masks are for diagnostics and evaluation only: no method may read them.
 
@@ -33,6 +38,9 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from ncljax import rules
+from ncljax.rules import Setting
 
 CORRESPONDENCE_PROTOCOLS = ("none", "per_caption", "per_image")
 LABEL_NOISE_KINDS = ("none", "symmetric", "asymmetric")
@@ -234,6 +242,36 @@ def correspondence_noise(
 
 FILE_KINDS = ("auto", "per_caption", "per_image")
 
+PAIRS = {"exact": Setting(True, rules.BOOLEAN, "no pair keeps its own image by chance")}
+LABELS = {"shared": Setting(True, rules.BOOLEAN, "one noisy label per pair for both sides")}
+SYMMETRIC = {"exclude_true": Setting(False, rules.BOOLEAN, "never redraw the true label")}
+FILE = {
+    "path": Setting("", None, "an official .npy index file"),
+    "layout": Setting(
+        "auto", rules.one_of(*FILE_KINDS), "what the file must be ('auto': detected)"
+    ),
+}
+_DRAWN = ("noise.seed",)  # noise.rate: every kind (warned about with 'none')
+KIND = rules.Choice(
+    "noise.kind",
+    "none",
+    (
+        rules.Kind("none", doc="the data's own pairs and labels"),
+        rules.Kind("per_caption", {"noise.pairs": PAIRS}, _DRAWN, "captions moved (NCR)"),
+        rules.Kind("per_image", {"noise.pairs": PAIRS}, _DRAWN, "images moved (DECL)"),
+        # The file decides the noise; noise.rate records it (checked against the file).
+        rules.Kind("file", {"noise.file": FILE}, doc="an official index file"),
+        rules.Kind(
+            "symmetric",
+            {"noise.labels": LABELS, "noise.symmetric": SYMMETRIC},
+            _DRAWN,
+            "labels redrawn uniformly (MRL)",
+        ),
+        rules.Kind("asymmetric", {"noise.labels": LABELS}, _DRAWN, "labels flipped (MRL)"),
+    ),
+)
+CHOICES = (KIND,)
+
 _KIND_MEANING = {
     "per_caption": "caption-level (NCR, BiCro, PC2: captions are shuffled independently, "
     "so the captions of one image can be paired with different images)",
@@ -273,9 +311,9 @@ def _kind_mismatch(
             "captions of an image"
         )
     return ValueError(
-        f"noise file {path} is {_KIND_MEANING[found]}{evidence}; but noise.file_kind="
+        f"noise file {path} is {_KIND_MEANING[found]}{evidence}; but noise.file.layout="
         f"'{expected}' asks for {_KIND_MEANING[expected]}. The two protocols give different "
-        f"noise, and results under them are not comparable. Set noise.file_kind='{found}' "
+        f"noise, and results under them are not comparable. Set noise.file.layout='{found}' "
         "(or 'auto') to use this file, or pass a file of the kind you asked for."
     )
 
@@ -310,7 +348,7 @@ def load_correspondence_noise_file(
       num_captions: number of training captions of the dataset.
       captions_per_image: captions per image of the dataset.
       expected: ``'auto'`` (accept either kind), ``'per_caption'`` or ``'per_image'``
-        (the config's ``noise.file_kind``): refuse a file of the other kind.
+        (the config's ``noise.file.layout``): refuse a file of the other kind.
 
     Returns:
       A ``CorrespondenceNoise`` with ``image_index`` ``[num_captions]`` and the detected
@@ -324,7 +362,7 @@ def load_correspondence_noise_file(
     """
     if expected not in FILE_KINDS:
         raise ValueError(
-            f"noise.file_kind must be one of {', '.join(FILE_KINDS)}, got {expected!r}."
+            f"noise.file.layout must be one of {', '.join(FILE_KINDS)}, got {expected!r}."
         )
     _check_sizes(num_captions, captions_per_image)
     num_images = num_captions // captions_per_image
@@ -332,7 +370,7 @@ def load_correspondence_noise_file(
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"noise file {path} does not exist; pass the path of the .npy index file "
-            "(noise.file) or use a generated protocol such as noise.kind='per_caption'."
+            "(noise.file.path) or use a generated protocol such as noise.kind='per_caption'."
         )
     if not path.endswith(".npy"):
         raise ValueError(

@@ -411,16 +411,18 @@ def _label_noise(split, noise_cfg, num_classes: int) -> noise.LabelNoise:
         rate=noise_cfg.rate,
         seed=noise_cfg.seed,
         kind=noise_cfg.kind,
-        exclude_true=noise_cfg.exclude_true,
+        exclude_true=noise_cfg.symmetric.exclude_true,
     )
     image_labels = split.image_labels()
     if cpi == 1:
-        return noise.label_noise(image_labels, num_classes, shared=noise_cfg.shared_label, **kwargs)
+        return noise.label_noise(
+            image_labels, num_classes, shared=noise_cfg.labels.shared, **kwargs
+        )
     per_image = noise.label_noise(image_labels, num_classes, shared=True, **kwargs)
     image_of = np.arange(split.num_captions) // cpi
     labels_image = per_image.labels_image[image_of]
     clean_image = per_image.clean_image[image_of]
-    if noise_cfg.shared_label:
+    if noise_cfg.labels.shared:
         labels_text, clean_text = labels_image, clean_image
     else:
         per_caption = noise.label_noise(image_labels[image_of], num_classes, shared=False, **kwargs)
@@ -439,8 +441,9 @@ def training_pairs(
     """Applies the ``noise`` config section to a training split.
 
     ``noise_cfg.kind``: ``none``; ``per_caption`` / ``per_image`` correspondence noise
-    (rate, seed, exact); ``file`` (an official index file); ``symmetric`` /
-    ``asymmetric`` label noise (rate, seed, shared_label, exclude_true).
+    (rate, seed, ``pairs.exact``); ``file`` (``file.path``, an official index file);
+    ``symmetric`` / ``asymmetric`` label noise (rate, seed, ``labels.shared``,
+    ``symmetric.exclude_true``).
     """
     n, cpi = split.num_captions, split.captions_per_image
     kind = noise_cfg.kind
@@ -452,12 +455,12 @@ def training_pairs(
         clean = made.clean_image & made.clean_text
     else:
         if kind == "file":
-            if not noise_cfg.file:
+            if not noise_cfg.file.path:
                 raise ValueError(
-                    "noise.kind='file' needs noise.file, the path of a .npy index file."
+                    "noise.kind='file' needs noise.file.path, the path of a .npy index file."
                 )
             made = noise.load_correspondence_noise_file(
-                noise_cfg.file, n, cpi, expected=noise_cfg.file_kind
+                noise_cfg.file.path, n, cpi, expected=noise_cfg.file.layout
             )
         else:
             made = noise.correspondence_noise(
@@ -466,7 +469,7 @@ def training_pairs(
                 rate=noise_cfg.rate if kind != "none" else 0.0,
                 seed=noise_cfg.seed,
                 protocol=kind,
-                exact=noise_cfg.exact,
+                exact=noise_cfg.pairs.exact,
             )
         image_index = made.image_index
         labels_image = true_labels[image_index]  # the label of the image it is paired with

@@ -12,7 +12,7 @@ Global-vector worlds give the cosine head MLP encoders (one hidden layer of 512,
 embeddings), as a researcher's own embeddings would be trained; region/token worlds keep
 the synthetic preset's region encoder and Bi-GRU.
 
-``ncljax.train.presets.apply_world`` puts a world into a config; ``python -m
+``ncljax.config.presets.apply_world`` puts a world into a config; ``python -m
 ncljax.report`` runs methods x worlds x noise rates x seeds and tabulates them.
 """
 

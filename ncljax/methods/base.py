@@ -314,8 +314,9 @@ class Aux:
       noisy_estimates: per-pair beliefs that a pair is *noisy* by name (e.g. a method's
         noisy set), logged as ``step_noisy_precision_<name>`` (the share of truly noisy
         pairs among those ``> 0.5``) and ``step_noisy_recall_<name>``.
-      loss_weight: ``[B]`` (>= 0): how much each pair counts in the loss (a soft label, a
-        margin, a mask); the logs report the share of it on truly noisy pairs.
+      applied_weight: ``[B]`` (>= 0): how much each pair counted in the loss (a soft label, a
+        margin, a mask), as the method already applied it; the logs report the share of
+        it on truly noisy pairs (the trainer does not weight the loss by it again).
       extra: anything else the method wants scored for the logs, by its own
         ``Method.step_metrics_fn`` (e.g. PC2's borrowed-caption rows).
     """
@@ -326,7 +327,7 @@ class Aux:
     clean_estimate: Array | None = None
     clean_estimates: dict[str, Array] = dataclasses.field(default_factory=dict)
     noisy_estimates: dict[str, Array] = dataclasses.field(default_factory=dict)
-    loss_weight: Array | None = None
+    applied_weight: Array | None = None
     extra: PyTree = None
 
 

@@ -244,7 +244,7 @@ def warmup_loss(s: Settings, sim, mask):
 
 def rectified_loss(s: Settings, sim, targets, mask, *, kind: str, margin_of: str):
     """The loss of a batch with co-rectified targets ``y`` (``[B]``, or ``[B, B]`` for
-    NCR's broadcast labels) and the per-pair weight the logs read (``Aux.loss_weight``).
+    NCR's broadcast labels) and the per-pair weight the logs read (``Aux.applied_weight``).
 
     ``ranking='hinge'``: the hardest-negative hinge with the soft margins
     ``losses.soft_margin(y, alpha, kind)`` (NCR Eq. 5, PC2 Eq. 8), the margins as weights.

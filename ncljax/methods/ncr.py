@@ -192,7 +192,7 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
     aux = base.Aux(
         metrics={f"target_{name}": targets, f"loss_{name}": per_pair},
         clean_estimates={name: targets},
-        loss_weight=margins,
+        applied_weight=margins,
     )
     return per_pair, aux
 

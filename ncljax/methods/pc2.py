@@ -449,7 +449,7 @@ def clean_loss(s: Settings, sim, mask, p, pse, peer_rows) -> tuple[jax.Array, ba
             "max_prediction": p.max(-1),
         },
         clean_estimates={"clean": targets},
-        loss_weight=margins,
+        applied_weight=margins,
     )
     return hinge + pse, aux
 
@@ -503,7 +503,7 @@ def pseudo_caption_loss(s: Settings, outputs, batch, ctx) -> tuple[jax.Array, ba
                 jnp.asarray(0.0 if cutoff is None else cutoff), margins.shape
             ),
         },
-        loss_weight=jax.lax.stop_gradient(margins),
+        applied_weight=jax.lax.stop_gradient(margins),
         memory_at=code_bank_writes(outputs, batch, ctx) if s.bank_mode == "code" else None,
         extra={"pseudo_caption_index": outputs["pseudo_index"]},
     )

@@ -28,7 +28,7 @@ complementary labels are uniform (``warmup_rectify``).
 carries ``-log B``, so the paper's ``tau`` and margins hold for one batch size (the
 calibrated ones for every batch size). The learning
 rate schedule reads epochs counted from the end of the warm-up (the paper: x0.1 after 25
-of the 50 main epochs, ``optim.decay_every=25``). Every epoch, warm-up included, may be
+of the 50 main epochs, ``optim.step.every=25``). Every epoch, warm-up included, may be
 selected as best on validation (the spec's algorithm validates after each).
 
 **What ``F`` is.** SGR and SAF (the paper's SGRAF, two runs averaged at evaluation with
@@ -349,7 +349,7 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
         "division_fallback": fell_back,
         "energy_epoch": jnp.broadcast_to(jnp.asarray(ctx.epoch, jnp.float32), clean_i2t.shape),
     }
-    loss_weight = None
+    applied = None
     if not warmup:
         metrics |= {
             "loss_hinge": 0.5 * (i2t.hinge + t2i.hinge),
@@ -358,12 +358,12 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
             "weight_t2i": t2i.weight,
             "division_fallback": fell_back,
         }
-        loss_weight = i2t.pull + t2i.pull
+        applied = i2t.pull + t2i.pull
     aux = base.Aux(
         metrics=metrics,
         memory=memory,
         clean_estimates={"i2t": clean_i2t, "t2i": clean_t2i},
-        loss_weight=loss_weight,
+        applied_weight=applied,
     )
     return per_pair, aux
 

@@ -25,7 +25,7 @@ raw score ``R`` gives evidence ``exp(softplus(R) / tau)`` and a Dirichlet opinio
   runs under the same rule (``python -m ncljax.train.ensemble``).
 
 **What ``R`` and ``S`` are.** SGR and SAF (the paper): ``R`` is the head's raw logit
-(``model.sim_output='raw'``, required) and the ranking loss reads ``S = tanh(R)``. The
+(``model.sgraf.sim_output='raw'``, required) and the ranking loss reads ``S = tanh(R)``. The
 cosine head (over region/token inputs or over global feature vectors) has no logit:
 ``R = (cos - cosine_shift) / cosine_temperature`` (0.2, 0.1: unrelated pairs, cosine
 near 0, carry evidence ``e^{softplus(-2) / tau} = 3.6``, matching ones at 0.5 ``e^30``),
@@ -251,10 +251,10 @@ def check_model(model_config) -> None:
     """Refuses an SGR or SAF head that does not return its raw score."""
     if model_config is None:
         return
-    if model_config.head in ("sgr", "saf") and model_config.sim_output != "raw":
+    if model_config.head in ("sgr", "saf") and model_config.sgraf.sim_output != "raw":
         raise ValueError(
             f"ugncl reads the {model_config.head.upper()} head's raw score (its evidence and "
-            "its tanh): set model.sim_output='raw' (configs/ugncl.py does)."
+            "its tanh): set model.sgraf.sim_output='raw' (configs/ugncl.py does)."
         )
 
 

@@ -20,7 +20,7 @@ confident set as cost (Eqs. 16-18). No gradient flows through targets or plans.
 
 Every choice the spec (``uot_rcl.md``) marks as ambiguous is a field of :class:`Settings`
 with the spec's default. The model needs ``model.classifier=True`` (unit prototypes,
-temperature ``tau_1`` = ``model.temperature``). The module is UOT-RCL's settings and pure
+temperature ``tau_1`` = ``model.prototypes.temperature``). The module is UOT-RCL's settings and pure
 functions (:func:`plan`, :func:`forward`, :func:`loss`, :func:`refresh`, ...);
 :func:`bind` makes the bundle and :func:`uot_rcl` is the registry's factory.
 """

@@ -157,13 +157,17 @@ def _build_backbone(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
             encoders.RegionEncoder,
             info.region_dim,
             cfg.embed_dim,
-            tuple(cfg.image_hidden),
+            tuple(cfg.cosine.image_hidden),
             rngs=rngs,
         )
     elif cfg.image_input == "global":
         _require(info.image_dim, "global image features", "model.image_input='regions'")
         image_encoder_fn = functools.partial(
-            encoders.MLPEncoder, info.image_dim, cfg.embed_dim, tuple(cfg.image_hidden), rngs=rngs
+            encoders.MLPEncoder,
+            info.image_dim,
+            cfg.embed_dim,
+            tuple(cfg.cosine.image_hidden),
+            rngs=rngs,
         )
     else:
         raise ValueError(
@@ -174,16 +178,16 @@ def _build_backbone(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
         _require(info.vocab_size, "token ids", "model.text_input='global'")
         text_encoder = encoders.GRUTextEncoder(
             info.vocab_size,
-            cfg.word_dim,
+            cfg.tokens.word_dim,
             cfg.embed_dim,
-            dropout=cfg.text_dropout,
-            bidirectional=cfg.bidirectional,
+            dropout=cfg.tokens.dropout,
+            bidirectional=cfg.tokens.bidirectional,
             rngs=rngs,
         )
     elif cfg.text_input == "global":
         _require(info.text_dim, "global text features", "model.text_input='tokens'")
         text_encoder = encoders.MLPEncoder(
-            info.text_dim, cfg.embed_dim, tuple(cfg.text_hidden), rngs=rngs
+            info.text_dim, cfg.embed_dim, tuple(cfg.text_mlp.hidden), rngs=rngs
         )
     else:
         raise ValueError(f"model.text_input must be 'tokens' or 'global', got {cfg.text_input!r}")
@@ -197,7 +201,7 @@ def _build_backbone(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
         if info.num_classes < 1:
             raise ValueError(f"model.classifier needs class labels; {info.name} has none.")
         classifier = heads.Prototypes(
-            info.num_classes, cfg.embed_dim, temperature=cfg.temperature, rngs=rngs
+            info.num_classes, cfg.embed_dim, temperature=cfg.prototypes.temperature, rngs=rngs
         )
     return RetrievalModel(
         image_encoder,
@@ -222,29 +226,31 @@ def _build_sgraf(cfg, info, rngs: nnx.Rngs) -> nnx.Module:
     _require(info.vocab_size, "token ids", "model.head='cosine'")
     if cfg.classifier:
         raise ValueError("model.classifier is not available with the SGRAF heads.")
+    sgraf_cfg = cfg.sgraf
     return sgraf.SGRAFModel(
         info.region_dim,
         info.vocab_size,
         embed_dim=cfg.embed_dim,
-        word_dim=cfg.word_dim,
-        sim_dim=cfg.sim_dim,
+        word_dim=cfg.tokens.word_dim,
+        sim_dim=sgraf_cfg.sim_dim,
         num_regions=info.num_regions,
         kind=cfg.head,
-        steps=cfg.sgr_steps,
-        smooth=cfg.smooth,
-        dropout=cfg.text_dropout,
-        sigmoid=cfg.sim_output == "sigmoid",
-        chunk=cfg.pair_chunk,
-        remat=resolve_remat(cfg.remat),
-        length_groups=cfg.length_groups,
-        compute_dtype=cfg.compute_dtype,
+        steps=cfg.sgr.steps if cfg.head == "sgr" else 0,
+        smooth=sgraf_cfg.smooth,
+        dropout=cfg.tokens.dropout,
+        bidirectional=cfg.tokens.bidirectional,
+        sigmoid=sgraf_cfg.sim_output == "sigmoid",
+        chunk=sgraf_cfg.pair_chunk,
+        remat=resolve_remat(sgraf_cfg.remat),
+        length_groups=sgraf_cfg.length_groups,
+        compute_dtype=sgraf_cfg.compute_dtype,
         views=cfg.get("views", 1),
         rngs=rngs,
     )
 
 
 def resolve_remat(choice: str):
-    """``model.remat`` as the SGRAF head's ``remat`` argument (``'auto'``: per backend)."""
+    """``model.sgraf.remat`` as the SGRAF head's ``remat`` argument (``'auto'``: per backend)."""
     if choice == "auto":
         choice = "full" if jax.default_backend() == "cpu" else "projections"
     return {"full": True, "none": False}.get(choice, choice)

@@ -332,11 +332,11 @@ class SimilarityHead(nnx.Module):
             raise ValueError(f"model.head must be 'sgr' or 'saf' here, got {kind!r}.")
         if compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(
-                f"model.compute_dtype must be 'float32' or 'bfloat16', got {compute_dtype!r}."
+                f"model.sgraf.compute_dtype must be 'float32' or 'bfloat16', got {compute_dtype!r}."
             )
         if isinstance(remat, str) and remat not in REMAT_POLICIES:
             raise ValueError(
-                f"model.remat must be true, false or one of {sorted(REMAT_POLICIES)}, "
+                f"model.sgraf.remat must be true, false or one of {sorted(REMAT_POLICIES)}, "
                 f"got {remat!r}."
             )
         self.kind, self.smooth, self.chunk, self.remat = kind, smooth, chunk, remat
@@ -592,6 +592,7 @@ class SGRAFModel(nnx.Module):
         steps: int = 3,
         smooth: float = 9.0,
         dropout: float = 0.4,
+        bidirectional: bool = True,
         sigmoid: bool = True,
         chunk: int = 0,
         remat=False,
@@ -604,7 +605,7 @@ class SGRAFModel(nnx.Module):
             raise ValueError(f"views must be at least 1, got {views}.")
         self.image_fc = _linear(region_dim, embed_dim, rngs)
         self.text_encoder = encoders.GRUTextEncoder(
-            vocab_size, word_dim, embed_dim, dropout=dropout, rngs=rngs
+            vocab_size, word_dim, embed_dim, dropout=dropout, bidirectional=bidirectional, rngs=rngs
         )
         self.visual_sa = VisualSelfAttention(embed_dim, num_regions, dropout, rngs=rngs)
         self.text_sa = TextSelfAttention(embed_dim, dropout, rngs=rngs)

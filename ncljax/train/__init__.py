@@ -1,6 +1,6 @@
 """Training: state, the jitted step, mesh, checkpoints, metric writers and the main loop."""
 
-from ncljax.train.config import base_config
+from ncljax.config import base_config
 from ncljax.train.loop import train_and_evaluate
 from ncljax.train.state import TrainState
 

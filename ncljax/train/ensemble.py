@@ -25,6 +25,7 @@ import numpy as np
 import optax
 
 from ncljax import methods, models
+from ncljax.config import renames
 from ncljax.data import fingerprint, sources
 from ncljax.methods import InitContext
 from ncljax.train import checkpoint, rundir
@@ -53,6 +54,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
             resolved = json.load(f)
         except ValueError as e:
             raise ValueError(f"{path} is damaged ({e}); restore it from a copy.") from None
+    if isinstance(resolved, dict):
+        resolved = renames.upgrade(resolved)  # a run saved before fields were renamed
     needed = ("method", "method_kwargs", "model", "seed", "train", *_SHARED)
     missing = [k for k in needed if k not in resolved] if isinstance(resolved, dict) else needed
     if missing:
@@ -113,15 +116,7 @@ def load_run(workdir: str, mesh) -> tuple[evaluator_lib.Evaluator, state_lib.Tra
             f"{os.path.join(workdir, 'checkpoints', 'best')}; restore it from a copy, or train "
             "the run again in a new --workdir."
         )
-    evaluator = evaluator_lib.Evaluator(
-        graphdef,
-        dataset,
-        config,
-        mesh,
-        transform=method.eval_transform,
-        fields=models.input_fields(config.model),
-        pool=method.eval_pool,
-    )
+    evaluator = evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method)
     return evaluator, best[0]
 
 

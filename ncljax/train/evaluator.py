@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from ncljax import backend, evaluate
+from ncljax import backend, evaluate, models
 from ncljax.data import pipeline, sources
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import step as step_lib
@@ -133,13 +133,13 @@ def _count(n: int, noun: str) -> str:
 
 
 def _recall_split_problem(dataset, config, split_name: str, hint) -> str | None:
-    """Recall@K: too few images, or (``eval.coco_5fold``) a test split of partial folds."""
+    """Recall@K: too few images, or (``eval.recall.coco_5fold``) a test split of partial folds."""
     num_images = dataset.info.split_sizes[split_name][0]
     fold = evaluate.COCO_FOLD_IMAGES
-    if config.eval.coco_5fold and split_name == "test" and num_images % fold:
+    if config.eval.recall.coco_5fold and split_name == "test" and num_images % fold:
         raise ValueError(
-            f"Invalid config: eval.coco_5fold=True scores the test split in folds of "
-            f"{fold} images, but it holds {num_images}; set eval.coco_5fold=False."
+            f"Invalid config: eval.recall.coco_5fold=True scores the test split in folds of "
+            f"{fold} images, but it holds {num_images}; set eval.recall.coco_5fold=False."
         )
     return _recall_problem(split_name, num_images, dataset.info.captions_per_image, hint)
 
@@ -156,7 +156,7 @@ def check_splits(dataset, config, split_names: Sequence[str] = ("val", "test")) 
     Recall@K: fewer images than ``evaluate.recall_min_images`` (11 for R@10) makes some
     R@K 100 by construction, and a validation rSum constant across epochs selects the
     first. mAP@all: a split of fewer than two classes (or items) scores 1 by construction.
-    ``eval.coco_5fold`` needs a test split of whole 1,000-image folds (each fold then holds
+    ``eval.recall.coco_5fold`` needs a test split of whole 1,000-image folds (each fold then holds
     enough images). Each kind's check is its ``EvalKind.split_problem``.
 
     Raises:
@@ -252,6 +252,21 @@ class Evaluator:
         )
         # One function object for the run, so evaluation compiles once.
         self._sim_fn = functools.partial(_network_similarity, graphdef, transform, pool)
+
+    @classmethod
+    def of_method(cls, graphdef, dataset, config, mesh, method) -> Evaluator:
+        """The evaluator of a run of ``method`` (its ``eval_transform`` and ``eval_pool``)
+        over the batch fields its ``config.model`` reads: the trainer's and a finished
+        run's (``ensemble.load_run``) are the same."""
+        return cls(
+            graphdef,
+            dataset,
+            config,
+            mesh,
+            transform=method.eval_transform,
+            fields=models.input_fields(config.model),
+            pool=method.eval_pool,
+        )
 
     def _encode(self, encode, state, record_fn, n):
         cfg = self._config
@@ -365,12 +380,12 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
         params = tuple(r.params for r in runs)
     kwargs = dict(
         captions_per_image=runs[0].captions_per_image,
-        image_chunk=config.eval.image_chunk,
-        text_chunk=config.eval.text_chunk,
+        image_chunk=config.eval.recall.image_chunk,
+        text_chunk=config.eval.recall.text_chunk,
         params=params,
         mesh=mesh,
     )
-    if config.eval.coco_5fold and split_name == "test":
+    if config.eval.recall.coco_5fold and split_name == "test":
         folds = evaluate.coco_5fold_metrics(sim_fn, images, texts, **kwargs)
         full = evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
         return {**folds, **{f"full_{k}": v for k, v in full.items()}}
@@ -407,7 +422,7 @@ class EvalKind(NamedTuple):
 
 
 # ``eval.kind`` -> its :class:`EvalKind`.
-EVAL_KINDS: dict[str, EvalKind] = {
+EVAL_KINDS: dict[str, EvalKind] = {  # one per kind of ``ncljax.evaluate.kinds.KIND``
     "recall": EvalKind(
         name="recall",
         selection="rsum",

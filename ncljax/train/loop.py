@@ -27,10 +27,11 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from ncljax import backend, methods, models
+from ncljax import backend, methods, models, optim
+from ncljax.config import validation
 from ncljax.data import fingerprint, pipeline, sources
 from ncljax.methods.base import WARMUP, InitContext
-from ncljax.train import checkpoint, optim, passes, rundir, validation, writers
+from ncljax.train import checkpoint, passes, rundir, writers
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -78,7 +79,7 @@ def train_and_evaluate(
     ``config.json``, ``metrics.jsonl``, ``results.json`` and ``checkpoints/``.
 
     Args:
-      config: a config built on ``ncljax.train.config.base_config()``.
+      config: a config built on ``ncljax.config.base_config()``.
       workdir: the run directory.
       callbacks: ``fn(epoch, val_metrics)`` called after each epoch's checkpoint.
       overridden: the config fields given on the command line (``train.py``), so a field
@@ -197,15 +198,7 @@ def _build(config, overridden) -> tuple[ml_collections.ConfigDict, _Built]:
         num_networks=method.num_networks,
         seed=config.seed,
     )
-    evaluator = evaluator_lib.Evaluator(
-        graphdef,
-        dataset,
-        config,
-        mesh,
-        transform=method.eval_transform,
-        fields=(image_fields, text_fields),
-        pool=method.eval_pool,
-    )
+    evaluator = evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method)
     return config, _Built(method, pairs, mesh, tx, graphdef, state, evaluator, train_split)
 
 

@@ -14,6 +14,7 @@ import socket
 import jax
 from flax import traverse_util
 
+from ncljax.config import renames
 from ncljax.data import fingerprint
 
 # Fields a resumed run may change: they alter neither the shapes of the state nor the
@@ -24,12 +25,12 @@ NEW_RECORDS = (fingerprint.KEY,)
 RESUMABLE = (
     "optim.learning_rate",
     "optim.schedule",
-    "optim.decay_factor",
-    "optim.decay_every",
+    "optim.step.factor",
+    "optim.step.every",
     "optim.b1",
     "optim.b2",
     "optim.eps",
-    "optim.weight_decay",
+    "optim.adamw.weight_decay",
     "train.log_every_steps",
     "train.checkpoint_every_steps",
     "train.progress_bar",
@@ -37,8 +38,8 @@ RESUMABLE = (
     "data.prefetch",
     "data.length_buckets",
     "eval.batch_size",
-    "eval.image_chunk",
-    "eval.text_chunk",
+    "eval.recall.image_chunk",
+    "eval.recall.text_chunk",
     "distributed",
 )
 
@@ -53,7 +54,8 @@ def write_config(workdir: str, config, extra: dict) -> None:
     if os.path.exists(path):
         try:
             with open(path) as f:
-                previous = traverse_util.flatten_dict(finite_json(json.load(f)), sep=".")
+                saved = renames.upgrade(finite_json(json.load(f)))  # runs of old names
+                previous = traverse_util.flatten_dict(saved, sep=".")
         except (ValueError, AttributeError) as e:  # not JSON, or not an object
             raise ValueError(
                 f"{path} is damaged ({type(e).__name__}: {e}); it records the config of the run "

@@ -114,8 +114,8 @@ def _diagnostic_metrics(aux: Aux, batch: dict, clean: jax.Array) -> Metrics:
     for name, estimate in aux.noisy_estimates.items():
         found = streamed_noise_metrics(estimate, ~truth, mask, f"_{name}")
         metrics |= {key.replace("_noise_", "_noisy_", 1): v for key, v in found.items()}
-    if aux.loss_weight is not None:
-        weight = jnp.where(mask, aux.loss_weight, 0.0)
+    if aux.applied_weight is not None:
+        weight = jnp.where(mask, aux.applied_weight, 0.0)
         noisy = jnp.where(truth, 0.0, weight).sum()
         metrics["noisy_weight_share"] = jnp.stack([noisy, weight.sum()])
     return metrics

@@ -19,8 +19,8 @@ import scipy.sparse
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import shuffle
 
+from ncljax import config as config_lib
 from ncljax.data import labelled, sources
-from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 FILES = {
@@ -492,7 +492,7 @@ def test_xmedianet_fixture_trains_with_map_evaluation(tmp_path):
     config.method = "ce"
     config.model.image_input = config.model.text_input = "global"
     config.model.classifier = True
-    config.model.image_hidden = config.model.text_hidden = (32,)
+    config.model.cosine.image_hidden = config.model.text_mlp.hidden = (32,)
     config.model.embed_dim = 16
     config.eval.kind = "map"
     config.train.batch_size = config.eval.batch_size = 16

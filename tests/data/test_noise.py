@@ -293,10 +293,10 @@ def test_caption_level_file_is_refused_where_image_level_is_asked(tmp_path):
     assert str(path) in message
     assert "is caption-level (NCR, BiCro, PC2" in message
     assert "the 3 captions of image 0 are paired with images [0, 2, 0]" in message
-    assert "noise.file_kind='per_image' asks for image-level (DECL, RCL" in message
+    assert "noise.file.layout='per_image' asks for image-level (DECL, RCL" in message
     assert "all captions of an image move together" in message
     assert "not comparable" in message
-    assert "Set noise.file_kind='per_caption' (or 'auto')" in message
+    assert "Set noise.file.layout='per_caption' (or 'auto')" in message
 
 
 @pytest.mark.parametrize("values", [IMAGE_LEVEL, IMAGE_LEVEL_EXPANDED])
@@ -313,7 +313,7 @@ def test_image_level_file_is_refused_where_caption_level_is_asked(tmp_path, valu
         assert "it holds one image index per image (4 entries)" in message
     else:
         assert "its 12 entries are constant within each block of 3 captions" in message
-    assert "Set noise.file_kind='per_image' (or 'auto')" in message
+    assert "Set noise.file.layout='per_image' (or 'auto')" in message
 
 
 def test_generated_files_of_both_protocols_are_told_apart(tmp_path):
@@ -345,22 +345,22 @@ def test_noise_free_file_is_either_kind(tmp_path):
 
 def test_file_kind_argument_and_length_are_checked(tmp_path):
     path = save(tmp_path, "noise.npy", CAPTION_LEVEL)
-    with pytest.raises(ValueError, match=r"noise\.file_kind must be one of auto, per_caption"):
+    with pytest.raises(ValueError, match=r"noise\.file\.layout must be one of auto, per_caption"):
         noise_lib.load_correspondence_noise_file(path, 12, 3, expected="caption")
     with pytest.raises(ValueError, match=r"length 15 .* or 5 \(one per image, image-level\)"):
         noise_lib.load_correspondence_noise_file(path, 15, 3, expected="per_image")
 
 
 def test_training_pairs_pass_the_configured_file_kind(tmp_path):
+    from ncljax import config as config_lib
     from ncljax.data import pipeline, synthetic
-    from ncljax.train import config as config_lib
 
     data = synthetic.default_config()
     data.num_train, data.num_val, data.num_test = 4, 2, 2
     data.captions_per_image = 3
     split = synthetic.SyntheticDataset(data).split("train")
     noise_cfg = config_lib.base_config().noise
-    noise_cfg.kind, noise_cfg.file = "file", str(save(tmp_path, "noise.npy", CAPTION_LEVEL))
+    noise_cfg.kind, noise_cfg.file.path = "file", str(save(tmp_path, "noise.npy", CAPTION_LEVEL))
 
     def pairs():
         return pipeline.training_pairs(
@@ -368,7 +368,7 @@ def test_training_pairs_pass_the_configured_file_kind(tmp_path):
         )
 
     np.testing.assert_array_equal(pairs().clean, np.asarray(CAPTION_LEVEL) == np.arange(12) // 3)
-    noise_cfg.file_kind = "per_image"
+    noise_cfg.file.layout = "per_image"
     with pytest.raises(ValueError, match="is caption-level"):
         pairs()
 

@@ -14,9 +14,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ncljax import config as config_lib
 from ncljax.data import noise as noise_lib
 from ncljax.data import pipeline, synthetic
-from ncljax.train import config as config_lib
 
 IMAGE_FIELDS = ("regions", "global_image")
 TEXT_FIELDS = ("tokens", "length", "global_text")
@@ -53,9 +53,13 @@ def synthetic_split(num_train=40, captions_per_image=5, **overrides):
 
 
 def noise_config(**fields):
+    """The noise section with ``fields`` set (a dict value updates a kind's section)."""
     cfg = config_lib.base_config().noise
     for key, value in fields.items():
-        cfg[key] = value
+        if isinstance(value, dict):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
     return cfg
 
 
@@ -319,7 +323,7 @@ def test_no_noise_is_the_identity():
 def test_correspondence_noise_is_applied_to_the_records(protocol, num_noisy):
     split = synthetic_split(num_train=41, captions_per_image=3)
     n = split.num_captions  # 123
-    pairs = make_pairs(split, noise_config(kind=protocol, rate=0.4, seed=11, exact=True))
+    pairs = make_pairs(split, noise_config(kind=protocol, rate=0.4, seed=11, pairs={"exact": True}))
     assert pairs.realised_rate == num_noisy / n
     records = regions_of_records(pairs)
     # Clean exactly when the record shows its caption's true image.
@@ -329,7 +333,7 @@ def test_correspondence_noise_is_applied_to_the_records(protocol, num_noisy):
     made = noise_lib.correspondence_noise(n, 3, rate=0.4, seed=11, protocol=protocol, exact=True)
     np.testing.assert_array_equal(records, true_regions(split)[made.image_index * 3])
     assert pairs.checksum == noise_lib.noise_checksum(made)
-    other = make_pairs(split, noise_config(kind=protocol, rate=0.4, seed=12, exact=True))
+    other = make_pairs(split, noise_config(kind=protocol, rate=0.4, seed=12, pairs={"exact": True}))
     assert other.checksum != pairs.checksum
 
 
@@ -339,7 +343,9 @@ def test_label_noise_is_applied_to_the_records(kind, shared):
     """5 captions per image: an image's label is corrupted once, for all its captions."""
     split = synthetic_split(num_train=40)
     n = split.num_captions
-    cfg = noise_config(kind=kind, rate=0.5, seed=4, shared_label=shared, exclude_true=False)
+    cfg = noise_config(
+        kind=kind, rate=0.5, seed=4, labels={"shared": shared}, symmetric={"exclude_true": False}
+    )
     pairs = make_pairs(split, cfg)
     image_true = np.array([split.image(i)["label"] for i in range(split.num_images)])
     true_labels = image_true[np.arange(n) // 5]
@@ -373,7 +379,7 @@ def test_label_noise_is_applied_to_the_records(kind, shared):
 @pytest.mark.parametrize("shared", [True, False])
 def test_label_noise_with_one_caption_per_image_is_per_pair(shared):
     split = synthetic_split(num_train=60, captions_per_image=1)
-    cfg = noise_config(kind="symmetric", rate=0.4, seed=1, shared_label=shared)
+    cfg = noise_config(kind="symmetric", rate=0.4, seed=1, labels={"shared": shared})
     pairs = make_pairs(split, cfg)
     true_labels = np.array([split.image(i)["label"] for i in range(split.num_images)])
     made = noise_lib.label_noise(true_labels, 10, rate=0.4, seed=1, shared=shared)
@@ -389,7 +395,7 @@ def test_noise_file_is_used(tmp_path):
     image_index[:10] = np.arange(10) // 5  # a few clean pairs
     path = tmp_path / "synthetic_precomp_0.5.npy"
     np.save(path, image_index)
-    pairs = make_pairs(split, noise_config(kind="file", file=str(path)))
+    pairs = make_pairs(split, noise_config(kind="file", file={"path": str(path)}))
     images = np.stack([split.image(i)["regions"] for i in range(split.num_images)])
     np.testing.assert_array_equal(regions_of_records(pairs), images[image_index])
     truth = np.arange(n) // 5
@@ -404,9 +410,9 @@ def test_noise_file_of_the_wrong_length_is_refused(tmp_path):
     path = tmp_path / "wrong.npy"
     np.save(path, np.zeros(split.num_captions + 1, np.int64))
     with pytest.raises(ValueError, match=rf"length {split.num_captions}\b"):
-        make_pairs(split, noise_config(kind="file", file=str(path)))
+        make_pairs(split, noise_config(kind="file", file={"path": str(path)}))
     with pytest.raises(ValueError, match=r"noise\.file"):
-        make_pairs(split, noise_config(kind="file", file=""))
+        make_pairs(split, noise_config(kind="file", file={"path": ""}))
 
 
 # ---------------------------------------------------------------- devices

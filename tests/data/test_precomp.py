@@ -538,7 +538,7 @@ def now_config(tmp_path, **overrides):
 def test_now_defaults():
     """Jieba tokens (the main table); the dev split validated whole, unlike F30K/COCO's
     first 1000 images; no synthetic noise, as on CC152K (the pairs are noisy already)."""
-    from ncljax.train import presets
+    from ncljax.config import presets
 
     cfg = precomp.default_config("now")
     assert (cfg.tokenizer, cfg.val_images) == ("jieba", 0)

@@ -94,7 +94,7 @@ def test_a_single_class_split_is_refused_for_map():
 
 def test_coco_5fold_needs_whole_folds():
     config = load_config("vse", "synthetic")
-    config.eval.coco_5fold = True
+    config.eval.recall.coco_5fold = True
     config.data.num_test = 1500
     with pytest.raises(ValueError, match="folds of 1000 images, but it holds 1500; set eval"):
         evaluator_lib.check_splits(sources.load_dataset(config.data), config)

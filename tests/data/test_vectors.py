@@ -15,10 +15,11 @@ import sys
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
+from ncljax.config import presets, validation
 from ncljax.data import noise, sources, synthetic, vectors, worlds
-from ncljax.train import config as config_lib
-from ncljax.train import presets, train_and_evaluate, validation
+from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {"train": 12, "val": 11, "test": 11}  # images per split (Recall@10 needs 11)
@@ -614,7 +615,7 @@ def test_a_quick_train_on_a_tiny_folder(tmp_path):
     folder = write(tmp_path / "folder", make_arrays(cpi=5, dtype=np.float16, texts=True))
     config = _config("gsc", "vectors,quick")
     config.data.folder = folder
-    config.model.image_hidden = config.model.text_hidden = (16,)
+    config.model.cosine.image_hidden = config.model.text_mlp.hidden = (16,)
     config.model.embed_dim = 16
     config.train.batch_size = config.eval.batch_size = 8
     config.train.num_devices, config.train.progress_bar = 1, False

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import losses, methods
 from ncljax.labels import ncr as ncr_labels
 from ncljax.methods import base, ncr
-from ncljax.train import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MARGIN = 0.2

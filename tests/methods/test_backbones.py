@@ -34,13 +34,13 @@ import optax
 import pytest
 from flax import nnx
 
+from ncljax import config as config_lib
 from ncljax import methods, models
+from ncljax.config.fields import reset_unread
 from ncljax.methods import base
 from ncljax.models import encoders, heads
-from ncljax.train import config as config_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train.fields import reset_unread
 from tests.methods.conftest import N
 from tests.methods.steps import train_steps
 
@@ -95,8 +95,8 @@ def _method_and_model(name, head):
     m = config.model
     assert m.head == "sgr" and not m.classifier  # the paper's backbone, no prototypes
     m.head = head
-    m.embed_dim, m.word_dim = 16, 8
-    m.sim_dim, m.sgr_steps, m.remat, m.length_groups = 8, 1, "none", 1
+    m.embed_dim, m.tokens.word_dim = 16, 8
+    m.sgraf.sim_dim, m.sgr.steps, m.sgraf.remat, m.sgraf.length_groups = 8, 1, "none", 1
     method = methods.build_method(config.method, config.method_kwargs, model_config=m)
     if name in POST_REFRESH:
         init = method.init_memory
@@ -197,7 +197,7 @@ def _ce_method_and_model():
     assert (m.image_input, m.text_input) == ("global", "global")  # the config's backbone
     m.image_input, m.text_input = "regions", "tokens"
     reset_unread(config)  # the global-vector sizes
-    m.embed_dim, m.word_dim, m.length_groups, m.remat = 16, 8, 1, "none"
+    m.embed_dim, m.tokens.word_dim, m.sgraf.length_groups, m.sgraf.remat = 16, 8, 1, "none"
     return methods.build_method(config.method, config.method_kwargs, model_config=m), m
 
 

@@ -10,12 +10,12 @@ import numpy as np
 import optax
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import labels as labels_lib
 from ncljax import losses, methods, models
 from ncljax.data import pipeline
 from ncljax.methods import base
 from ncljax.methods import gsc as gsc_lib
-from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
@@ -150,9 +150,9 @@ def test_bad_options_say_what_to_set():
 
 def _model_cfg(head="cosine"):
     cfg = config_lib.base_config().model
-    cfg.embed_dim, cfg.word_dim = 32, 16
+    cfg.embed_dim, cfg.tokens.word_dim = 32, 16
     if head == "sgr":
-        cfg.head, cfg.sim_dim, cfg.text_dropout = "sgr", 16, 0.0
+        cfg.head, cfg.sgraf.sim_dim, cfg.tokens.dropout = "sgr", 16, 0.0
     return cfg
 
 
@@ -241,7 +241,7 @@ def test_gsc_trains_end_to_end_and_saves_label_diagnostics(tmp_path):
     config.method = "gsc"
     config.method_kwargs = config_lib.method_kwargs("gsc")
     config.noise.kind, config.noise.rate = "per_caption", 0.4
-    config.model.embed_dim, config.model.word_dim = 32, 16
+    config.model.embed_dim, config.model.tokens.word_dim = 32, 16
     config.data.num_train, config.data.num_val, config.data.num_test = 64, 16, 16
     config.train.epochs, config.train.batch_size = 2, 32
     config.train.progress_bar, config.train.num_devices = False, 1

@@ -98,7 +98,7 @@ def test_loss_against_numpy(exchange, row_weight):
     np.testing.assert_allclose(aux.memory["cross"], indicator, rtol=2e-5, atol=1e-6)
     np.testing.assert_allclose(aux.memory["intra"], score, rtol=2e-5, atol=1e-6)
     np.testing.assert_array_equal(aux.clean_estimate, f32(own))  # its own belief
-    assert aux.memory_at is None and aux.loss_weight is None
+    assert aux.memory_at is None and aux.applied_weight is None
 
 
 def test_warmup_loss_infonce_i2t_against_numpy():

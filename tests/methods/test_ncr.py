@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
+from ncljax.config.fields import reset_unread
 from ncljax.methods import base, ncr
-from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
-from ncljax.train.fields import reset_unread
 from tests.train.test_loop import chance_rsum, read_metrics, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

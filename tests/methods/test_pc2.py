@@ -13,14 +13,14 @@ import optax
 import pytest
 from flax import nnx
 
+from ncljax import config as config_lib
 from ncljax import labels, losses, methods, models
+from ncljax.config.fields import reset_unread
 from ncljax.data import pipeline, synthetic
 from ncljax.methods import base, pc2
-from ncljax.train import config as config_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
 from ncljax.train import train_and_evaluate
-from ncljax.train.fields import reset_unread
 from tests.methods.steps import train_steps
 from tests.methods.test_ncr import official_costs
 from tests.train.test_loop import load_config, read_metrics, tiny
@@ -40,15 +40,15 @@ def _ctx(phase, update=0, batches=(), peer_rows=()):
 
 def _model_cfg(head="cosine", inputs="global"):
     cfg = config_lib.base_config().model
-    cfg.head, cfg.embed_dim, cfg.word_dim = head, 16, 8
+    cfg.head, cfg.embed_dim, cfg.tokens.word_dim = head, 16, 8
     if head == "cosine" and inputs == "global":
         cfg.image_input = cfg.text_input = "global"
-        cfg.image_hidden = cfg.text_hidden = (16,)
+        cfg.cosine.image_hidden = cfg.text_mlp.hidden = (16,)
     elif head == "cosine":
         cfg.image_input, cfg.text_input = "regions", "tokens"
     else:
         cfg.image_input, cfg.text_input = "regions", "tokens"
-        cfg.sim_dim, cfg.sgr_steps = 8, 1
+        cfg.sgraf.sim_dim, cfg.sgr.steps = 8, 1
     return cfg
 
 
@@ -721,8 +721,8 @@ def test_pc2_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbon
     kwargs = config.method_kwargs
     kwargs.warmup_epochs, kwargs.pseudo_start_epoch, kwargs.num_classes = 1, 0, K
     if backbone in ("sgr", "saf"):
-        config.model.head, config.model.sim_dim = backbone, 8
-        config.model.embed_dim, config.model.word_dim, config.model.sgr_steps = 16, 8, 1
+        config.model.head, config.model.sgraf.sim_dim = backbone, 8
+        config.model.embed_dim, config.model.tokens.word_dim, config.model.sgr.steps = 16, 8, 1
     elif backbone == "global":
         config.model.image_input = config.model.text_input = "global"
     reset_unread(config)

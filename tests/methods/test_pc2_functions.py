@@ -176,7 +176,7 @@ def test_clean_loss_is_eq_8s_rectified_hinge(code):
     hinge = _hardest_numpy(sim, margins, MASK, "image" if code else "positive")
     np.testing.assert_allclose(np.asarray(per)[MASK], (hinge + 0.25)[MASK], rtol=1e-5)
     np.testing.assert_allclose(aux.clean_estimates["clean"], y, rtol=1e-6)
-    np.testing.assert_allclose(aux.loss_weight, margins, rtol=1e-5)
+    np.testing.assert_allclose(aux.applied_weight, margins, rtol=1e-5)
     assert aux.extra is None and aux.memory_at is None
 
 

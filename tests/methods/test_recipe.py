@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import pytest
 
 from ncljax import audit, losses, methods, report
+from ncljax import config as config_lib
 from ncljax.methods import base, settings
-from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 # Step 1: ncljax/methods/trimmed.py (here a module object).
@@ -76,8 +76,8 @@ trimmed.trimmed = settings.factory("trimmed", Settings, trimmed.CHECKS, bind)
 # Step 3: configs/trimmed.py.
 CONFIG = textwrap.dedent(
     """
-    from ncljax.train import config as config_lib
-    from ncljax.train import presets
+    from ncljax import config as config_lib
+    from ncljax.config import presets
 
     DATASETS = ("synthetic", "vectors")
 

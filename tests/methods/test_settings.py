@@ -9,11 +9,12 @@ import sys
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
+from ncljax.config import validation
 from ncljax.data import sources
 from ncljax.methods import settings
-from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, validation
+from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAN, INF = float("nan"), float("inf")

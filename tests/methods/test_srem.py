@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
+from ncljax.config.fields import reset_unread
 from ncljax.methods import base
 from ncljax.methods import srem as srem_method
-from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
-from ncljax.train.fields import reset_unread
 from tests.methods.steps import train_steps
 from tests.train.test_loop import load_config, read_metrics, tiny
 
@@ -51,10 +51,10 @@ def test_loss_reads_the_logit_and_writes_energies_and_splits(phase):
         assert not views[d].clean[2]  # padding
     assert 0 < float(views["i2t"].clean.sum()) < 6  # the test reaches both branches
     if phase == base.MAIN:
-        np.testing.assert_allclose(aux.loss_weight, views["i2t"].pull + views["t2i"].pull)
-        assert aux.loss_weight.sum() > 0
+        np.testing.assert_allclose(aux.applied_weight, views["i2t"].pull + views["t2i"].pull)
+        assert aux.applied_weight.sum() > 0
     else:  # warm-up: complementary learning alone, no hinge, no pull
-        assert aux.loss_weight is None
+        assert aux.applied_weight is None
         comp = views["i2t"].complementary + views["t2i"].complementary
         np.testing.assert_allclose(loss, comp, rtol=1e-6)
 
@@ -149,9 +149,9 @@ def test_sigmoid_warmup_is_logged(caplog):
 def _train(info, batches, *, num_devices, head):
     method = methods.build_method("srem", {"tau": 0.0})
     cfg = config_lib.base_config().model
-    cfg.embed_dim, cfg.word_dim = 32, 16
+    cfg.embed_dim, cfg.tokens.word_dim = 32, 16
     if head != "cosine":
-        cfg.head, cfg.sim_dim, cfg.text_dropout = head, 16, 0.0
+        cfg.head, cfg.sgraf.sim_dim, cfg.tokens.dropout = head, 16, 0.0
     return train_steps(method, cfg, info, batches, num_devices=num_devices, num_samples=N)
 
 
@@ -193,8 +193,8 @@ def test_srem_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbo
     config = tiny(srem_config(), epochs=warmup + 1)
     config.method_kwargs.warmup_epochs = warmup
     if backbone in ("sgr", "saf"):
-        config.model.head, config.model.sim_dim = backbone, 16
-        config.model.embed_dim, config.model.word_dim = 32, 16
+        config.model.head, config.model.sgraf.sim_dim = backbone, 16
+        config.model.embed_dim, config.model.tokens.word_dim = 32, 16
     elif backbone == "global":
         config.model.image_input = config.model.text_input = "global"
     reset_unread(config)
@@ -227,8 +227,8 @@ def test_sgraf_ensemble_of_sgr_and_saf_runs(tmp_path):
     for head in ("sgr", "saf"):
         config = tiny(srem_config(), epochs=2)
         config.method_kwargs.warmup_epochs = 1
-        config.model.head, config.model.sim_dim = head, 16
-        config.model.embed_dim, config.model.word_dim = 32, 16
+        config.model.head, config.model.sgraf.sim_dim = head, 16
+        config.model.embed_dim, config.model.tokens.word_dim = 32, 16
         reset_unread(config)
         results[head] = train_and_evaluate(config, str(tmp_path / head))
     both = ensemble.evaluate_ensemble([str(tmp_path / "sgr"), str(tmp_path / "saf")])

@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import evidence, labels, losses, methods
+from ncljax.config.fields import reset_unread
 from ncljax.labels import ugncl as division
 from ncljax.methods import base
-from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import train_and_evaluate
-from ncljax.train.fields import reset_unread
 from tests.methods.steps import train_steps
 from tests.train.test_loop import load_config, read_metrics, tiny
 
@@ -86,7 +86,7 @@ def test_epoch_cadence_loss_reads_the_stored_division(phase):
             aux.noisy_estimates["hard_noisy"], codes == division.HARD_NOISY
         )
         assert len({int(c) for c in np.asarray(codes)[np.asarray(MASK)]}) >= 3  # several sets
-        np.testing.assert_allclose(aux.loss_weight, y)
+        np.testing.assert_allclose(aux.applied_weight, y)
         assert not aux.memory  # the epoch cadence writes no rows in a step
     np.testing.assert_allclose(loss, want, rtol=1e-6)
 
@@ -135,7 +135,7 @@ def test_cosine_head_scores_shifted_scaled_cosines_and_ranks_the_cosine():
         method.eval_transform(cos), evidence.log_evidence((cos - 0.4) / 0.2), rtol=1e-6
     )
     sgr = cfg.copy_and_resolve_references()
-    sgr.head, sgr.sim_output = "sgr", "raw"
+    sgr.head, sgr.sgraf.sim_output = "sgr", "raw"
     raw_method = methods.build_method("ugncl", model_config=sgr)
     np.testing.assert_allclose(raw_method.eval_transform(cos), evidence.log_evidence(cos))
     assert raw_method.eval_pool == "logmeanexp"
@@ -144,7 +144,7 @@ def test_cosine_head_scores_shifted_scaled_cosines_and_ranks_the_cosine():
 def test_sgraf_heads_must_return_the_raw_score():
     cfg = config_lib.base_config().model
     cfg.head = "saf"
-    with pytest.raises(ValueError, match=r"model\.sim_output='raw'"):
+    with pytest.raises(ValueError, match=r"model\.sgraf\.sim_output='raw'"):
         methods.build_method("ugncl", model_config=cfg)
 
 
@@ -213,7 +213,7 @@ def test_bad_hyperparameters_say_what_to_set(kwargs, message):
 
 def _train(info, batches, *, num_devices, views=2):
     cfg = config_lib.base_config().model
-    cfg.embed_dim, cfg.word_dim, cfg.views = 32, 16, views
+    cfg.embed_dim, cfg.tokens.word_dim, cfg.views = 32, 16, views
     method = methods.build_method("ugncl", {"division_cadence": "online"}, model_config=cfg)
     return train_steps(method, cfg, info, batches, num_devices=num_devices, num_samples=N)
 
@@ -256,9 +256,9 @@ def test_ugncl_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backb
     config = tiny(ugncl_config(), epochs=warmup + 1)
     config.method_kwargs.warmup_epochs = warmup
     if backbone in ("sgr", "saf"):
-        config.model.head, config.model.sim_dim = backbone, 16
-        config.model.embed_dim, config.model.word_dim = 32, 16
-        config.model.sim_output = "raw"
+        config.model.head, config.model.sgraf.sim_dim = backbone, 16
+        config.model.embed_dim, config.model.tokens.word_dim = 32, 16
+        config.model.sgraf.sim_output = "raw"
     elif backbone == "global":
         config.model.image_input = config.model.text_input = "global"
     reset_unread(config)
@@ -320,8 +320,12 @@ def test_ugncl_star_ensemble_pools_the_evidence_of_sgr_and_saf_runs(tmp_path):
     for head in ("sgr", "saf"):
         config = tiny(ugncl_config(), epochs=2)
         config.method_kwargs.warmup_epochs = 1
-        config.model.head, config.model.sim_dim, config.model.sim_output = head, 16, "raw"
-        config.model.embed_dim, config.model.word_dim = 32, 16
+        config.model.head, config.model.sgraf.sim_dim, config.model.sgraf.sim_output = (
+            head,
+            16,
+            "raw",
+        )
+        config.model.embed_dim, config.model.tokens.word_dim = 32, 16
         reset_unread(config)
         train_and_evaluate(config, str(tmp_path / head))
     runs = [str(tmp_path / "sgr"), str(tmp_path / "saf")]

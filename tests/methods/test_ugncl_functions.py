@@ -163,9 +163,11 @@ def test_warmup_loss_against_numpy():
 def test_check_model_refuses_a_squashed_sgraf_score():
     ugncl.check_model(None)
     ugncl.check_model(ml_collections.ConfigDict({"head": "cosine", "sim_output": "sigmoid"}))
-    ugncl.check_model(ml_collections.ConfigDict({"head": "sgr", "sim_output": "raw"}))
+    ugncl.check_model(ml_collections.ConfigDict({"head": "sgr", "sgraf": {"sim_output": "raw"}}))
     with pytest.raises(ValueError, match="SAF head's raw score"):
-        ugncl.check_model(ml_collections.ConfigDict({"head": "saf", "sim_output": "sigmoid"}))
+        ugncl.check_model(
+            ml_collections.ConfigDict({"head": "saf", "sgraf": {"sim_output": "sigmoid"}})
+        )
 
 
 def test_bind_binds_the_settings_and_the_head():

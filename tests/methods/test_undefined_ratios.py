@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
 from ncljax.methods import base
-from ncljax.train import config as config_lib
 from ncljax.train import diagnostics, writers
 from ncljax.train import loop as loop_lib
 from ncljax.train import step as step_lib
@@ -29,7 +29,7 @@ def _srem_step(data, tau):
     info, batches = data
     method = methods.build_method("srem", {"tau": tau, "calibration": "paper"})
     cfg = config_lib.base_config().model
-    cfg.embed_dim, cfg.word_dim = 32, 16
+    cfg.embed_dim, cfg.tokens.word_dim = 32, 16
     _, metrics = train_steps(method, cfg, info, batches[:1], num_devices=1, num_samples=N)
     return metrics
 
@@ -80,7 +80,7 @@ def test_srem_share_of_a_pull_below_one_is_exact():
     batch = {"mask": jnp.ones(4, bool), "index": jnp.arange(4)}
     outputs = {"logit": logit, "sim": jax.nn.sigmoid(logit)}
     _, aux = method.loss_fn(outputs, batch, {}, {}, _ctx(base.MAIN))
-    weight = np.asarray(aux.loss_weight, np.float64)
+    weight = np.asarray(aux.applied_weight, np.float64)
     assert np.count_nonzero(weight) == 1 and 0.0 < weight[2] < 1.0  # the case is reached
     clean = jnp.array([True, True, False, True])
     metrics = step_lib._diagnostic_metrics(aux, batch, clean)  # the trainer's [noisy, total]

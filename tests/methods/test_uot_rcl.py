@@ -14,16 +14,17 @@ import optax
 import pytest
 from flax import nnx
 
+from ncljax import config as config_lib
 from ncljax import methods, models
+from ncljax.config import presets
+from ncljax.config.fields import reset_unread
 from ncljax.data import pipeline, synthetic
 from ncljax.labels import correction
 from ncljax.methods import base
-from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
-from ncljax.train import presets, train_and_evaluate
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train.fields import reset_unread
+from ncljax.train import train_and_evaluate
 
 WARMUP, MAIN = 0, 1
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -274,7 +275,7 @@ def test_regions_and_tokens_keep_the_confident_sets_own_inputs():
         text_fields=("tokens", "length"),
     )
     model_cfg = config_lib.base_config().model
-    model_cfg.classifier, model_cfg.embed_dim, model_cfg.word_dim = True, 8, 8
+    model_cfg.classifier, model_cfg.embed_dim, model_cfg.tokens.word_dim = True, 8, 8
     assert (model_cfg.image_input, model_cfg.text_input) == ("regions", "tokens")
     method = methods.build_method(
         "uot_rcl", {"neighbours": 5, "per_class": 2}, model_config=model_cfg
@@ -308,7 +309,7 @@ def test_trains_on_regions_and_tokens(tmp_path):
     config = load_config("uot_rcl", "synthetic,quick")
     config.model.image_input, config.model.text_input = "regions", "tokens"
     reset_unread(config)  # the global-vector sizes
-    config.model.embed_dim, config.model.word_dim = 16, 8
+    config.model.embed_dim, config.model.tokens.word_dim = 16, 8
     config.data.num_train, config.data.num_val, config.data.num_test = 100, 20, 20
     config.train.epochs, config.method_kwargs.warmup_epochs = 2, 1
     config.method_kwargs.neighbours = 5

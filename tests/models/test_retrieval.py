@@ -10,9 +10,9 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ncljax.config import base_config
 from ncljax.data.sources import DatasetInfo
 from ncljax.models import GRUTextEncoder, MLPEncoder, Prototypes, RegionEncoder, build_model
-from ncljax.train.config import base_config
 from tests.models.oracles import (
     np_gru_encoder,
     np_mlp_encoder,
@@ -44,9 +44,9 @@ INFO = DatasetInfo(
 def model_config(**overrides):
     cfg = base_config().model
     cfg.embed_dim = EMBED_DIM
-    cfg.word_dim = FEATURE_DIM
-    cfg.image_hidden = (WIDTH,)
-    cfg.text_hidden = (WIDTH,)
+    cfg.tokens.word_dim = FEATURE_DIM
+    cfg.cosine.image_hidden = (WIDTH,)
+    cfg.text_mlp.hidden = (WIDTH,)
     cfg.update(overrides)
     return cfg
 
@@ -67,7 +67,7 @@ def make_batch(seed=0):
 @pytest.fixture(scope="module")
 def token_model():
     """The regions/tokens model with dropout, its batch and its eager outputs (eval mode)."""
-    model = build_model(model_config(text_dropout=0.5), INFO, nnx.Rngs(0))
+    model = build_model(model_config(tokens={"dropout": 0.5}), INFO, nnx.Rngs(0))
     batch = make_batch()
     return model, batch, model(batch)
 
@@ -89,7 +89,7 @@ def test_build_regions_tokens_model(token_model):
     assert model.text_encoder.backward_gru is not None
     assert model.text_encoder.dropout.rate == 0.5
     assert model.classifier is None
-    forward_only = build_model(model_config(bidirectional=False), INFO, nnx.Rngs(0))
+    forward_only = build_model(model_config(tokens={"bidirectional": False}), INFO, nnx.Rngs(0))
     assert forward_only.text_encoder.backward_gru is None
 
 
@@ -179,7 +179,7 @@ def test_one_device_equals_eight(token_model, devices):
 
 def test_global_model_with_classifier_matches_numpy():
     cfg = model_config(image_input="global", text_input="global", classifier=True)
-    cfg.temperature = 0.5
+    cfg.prototypes.temperature = 0.5
     model = build_model(cfg, INFO, nnx.Rngs(1))
     assert isinstance(model.image_encoder, MLPEncoder)
     assert isinstance(model.text_encoder, MLPEncoder)
@@ -235,3 +235,17 @@ def replace_info(**changes):
 def test_build_model_errors(overrides, info_changes, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         build_model(model_config(**overrides), replace_info(**info_changes), nnx.Rngs(0))
+
+
+def test_the_sgraf_text_encoder_reads_model_tokens():
+    """``model.tokens`` is the Bi-GRU's section for every head: SGRAF's GRU is built from
+    it too (one direction with ``bidirectional=False``)."""
+    cfg = model_config(head="saf", tokens={"dropout": 0.25, "bidirectional": False})
+    cfg.cosine.image_hidden = ()  # the cosine head's section, unread here
+    cfg.sgraf.sim_dim = 8
+    model = build_model(cfg, INFO, nnx.Rngs(0))
+    assert model.text_encoder.backward_gru is None
+    assert model.text_encoder.dropout.rate == 0.25
+    assert model.text_encoder.embed.embedding.shape == (VOCAB, FEATURE_DIM)
+    cfg.tokens.bidirectional = True
+    assert build_model(cfg, INFO, nnx.Rngs(0)).text_encoder.backward_gru is not None

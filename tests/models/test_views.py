@@ -10,13 +10,13 @@ import pytest
 from flax import nnx
 
 from ncljax import evaluate
+from ncljax.config import base_config
 from ncljax.data.sources import DatasetInfo
 from ncljax.models import build_model
 from ncljax.models.sgraf import SGRAFModel
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
-from ncljax.train.config import base_config
 
 REGION_DIM, FEATURE_DIM, DIM, WORD_DIM, SIM_DIM = 10, 6, 16, 8, 8
 VOCAB, MAX_LEN, REGIONS = 13, 5, 3

@@ -2,7 +2,7 @@
 
 import os
 
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.notebooks import runner
 

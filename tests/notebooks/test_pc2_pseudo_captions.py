@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.notebooks import runner
 
@@ -52,7 +52,9 @@ def _config(method: str):
     # same PC2 pseudo-classifier path (it reads the embeddings either way), compiled in
     # half the time on 2 cores.
     config.model.image_input = config.model.text_input = "global"
-    config.model.word_dim = config_lib.base_config().model.word_dim  # read with tokens only
+    config.model.tokens.word_dim = (
+        config_lib.base_config().model.tokens.word_dim
+    )  # read with tokens only
     # A warm-up epoch, then two co-training epochs (two co-divides, one change between
     # them), both with the second update: PC2's pseudo-captions, NCR's noisy set.
     config.train.epochs = 3

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.notebooks import runner
 

@@ -79,7 +79,7 @@ def finished(tmp_path_factory):
     """A finished one-epoch run."""
     workdir = tmp_path_factory.mktemp("ensemble") / "finished"
     config = tiny(load_config("vse", "synthetic"), epochs=1)
-    config.model.embed_dim, config.model.word_dim = 32, 16  # array files test_faults damages
+    config.model.embed_dim, config.model.tokens.word_dim = 32, 16  # array files test_faults damages
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))
     return workdir
@@ -240,6 +240,14 @@ def test_a_config_file_returning_no_config_is_one_line(tmp_path):
             "'/nonexistent/run.flags': pass an existing --flagfile",
         ),
         (("--config=configs/vse.py:synthetic,quick", "--workdir="), "--workdir is empty: pass"),
+        (
+            ("--config=configs/gsc.py:f30k,quick", "--config.model.sim_dim=512"),
+            "--config.model.sim_dim is now --config.model.sgraf.sim_dim: config fields moved",
+        ),
+        (
+            ("--config=configs/vse.py:synthetic,quick", "--config.noise.file=index.npy"),
+            "--config.noise.file is now --config.noise.file.path: config fields moved",
+        ),
     ],
 )
 def test_flag_errors_are_one_line(args, says):

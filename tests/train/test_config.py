@@ -1,6 +1,7 @@
-"""``ncljax.train.config``: honest flags (a field the run does not read is refused), the
+"""``ncljax.config``: honest flags (a field the run does not read is refused), the
 data section belongs to ``data.name``, and ``train.py``'s ``--config.data.name`` switch."""
 
+import copy
 import logging
 import os
 import re
@@ -10,10 +11,11 @@ import typing
 
 import pytest
 
+from ncljax import config as config_lib
+from ncljax import optim
+from ncljax.config import kinds, renames, validation
+from ncljax.config.fields import reset_unread
 from ncljax.data import sources
-from ncljax.train import config as config_lib
-from ncljax.train import validation
-from ncljax.train.fields import CONDITIONAL_FIELDS, reset_unread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,33 +23,44 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # it is read (both on top of base_config(): cosine head, regions and tokens, Adam with a
 # constant learning rate, Recall@K, no noise).
 CASES = [
-    ("model.image_hidden", (64,), {"model.head": "sgr"}, {}),
-    ("model.text_hidden", (64,), {}, {"model.text_input": "global"}),
-    ("model.word_dim", 32, {"model.text_input": "global"}, {}),
-    ("model.text_dropout", 0.1, {"model.text_input": "global"}, {}),
+    ("model.cosine.image_hidden", (64,), {"model.head": "sgr"}, {}),
+    ("model.text_mlp.hidden", (64,), {}, {"model.text_input": "global"}),
+    ("model.tokens.word_dim", 32, {"model.text_input": "global"}, {}),
+    ("model.tokens.dropout", 0.1, {"model.text_input": "global"}, {}),
     ("data.length_buckets", (16,), {"model.text_input": "global"}, {}),
-    ("model.bidirectional", False, {"model.head": "saf"}, {}),
-    ("model.temperature", 0.5, {}, {"model.classifier": True}),
-    ("model.sim_dim", 64, {}, {"model.head": "saf"}),
-    ("model.smooth", 4.0, {}, {"model.head": "sgr"}),
-    ("model.sim_output", "raw", {}, {"model.head": "sgr"}),
-    ("model.pair_chunk", 8, {}, {"model.head": "sgr"}),
-    ("model.remat", "none", {}, {"model.head": "saf"}),
-    ("model.length_groups", 2, {}, {"model.head": "sgr"}),
-    ("model.compute_dtype", "bfloat16", {}, {"model.head": "saf"}),
-    ("model.sgr_steps", 2, {"model.head": "saf"}, {"model.head": "sgr"}),
-    ("optim.weight_decay", 1e-4, {}, {"optim.name": "adamw"}),
-    ("optim.decay_factor", 0.5, {"optim.schedule": "cosine"}, {"optim.schedule": "step"}),
-    ("optim.decay_every", 5, {}, {"optim.schedule": "step"}),
-    ("eval.image_chunk", 10, {"eval.kind": "map"}, {}),
-    ("eval.text_chunk", 10, {"eval.kind": "map"}, {}),
-    ("eval.coco_5fold", True, {"eval.kind": "map"}, {}),
-    ("noise.file_kind", "per_image", {}, {"noise.kind": "file", "noise.file": "index.npy"}),
-    ("noise.exact", False, {"noise.kind": "symmetric"}, {"noise.kind": "per_image"}),
-    ("noise.shared_label", False, {}, {"noise.kind": "asymmetric"}),
-    ("noise.exclude_true", True, {"noise.kind": "asymmetric"}, {"noise.kind": "symmetric"}),
-    ("noise.seed", 3, {"noise.kind": "file", "noise.file": "i.npy"}, {"noise.kind": "per_caption"}),
-    ("model.views", 2, {"method": "vse"}, {"method": "ugncl"}),  # ugncl need not be registered
+    ("model.tokens.bidirectional", False, {"model.text_input": "global"}, {"model.head": "saf"}),
+    ("model.prototypes.temperature", 0.5, {}, {"model.classifier": True}),
+    ("model.sgraf.sim_dim", 64, {}, {"model.head": "saf"}),
+    ("model.sgraf.smooth", 4.0, {}, {"model.head": "sgr"}),
+    ("model.sgraf.sim_output", "raw", {}, {"model.head": "sgr"}),
+    ("model.sgraf.pair_chunk", 8, {}, {"model.head": "sgr"}),
+    ("model.sgraf.remat", "none", {}, {"model.head": "saf"}),
+    ("model.sgraf.length_groups", 2, {}, {"model.head": "sgr"}),
+    ("model.sgraf.compute_dtype", "bfloat16", {}, {"model.head": "saf"}),
+    ("model.sgr.steps", 2, {"model.head": "saf"}, {"model.head": "sgr"}),
+    ("optim.adamw.weight_decay", 1e-4, {}, {"optim.name": "adamw"}),
+    ("optim.step.factor", 0.5, {"optim.schedule": "cosine"}, {"optim.schedule": "step"}),
+    ("optim.step.every", 5, {}, {"optim.schedule": "step"}),
+    ("eval.recall.image_chunk", 10, {"eval.kind": "map"}, {}),
+    ("eval.recall.text_chunk", 10, {"eval.kind": "map"}, {}),
+    ("eval.recall.coco_5fold", True, {"eval.kind": "map"}, {}),
+    ("noise.file.layout", "per_image", {}, {"noise.kind": "file", "noise.file.path": "index.npy"}),
+    ("noise.pairs.exact", False, {"noise.kind": "symmetric"}, {"noise.kind": "per_image"}),
+    ("noise.labels.shared", False, {}, {"noise.kind": "asymmetric"}),
+    (
+        "noise.symmetric.exclude_true",
+        True,
+        {"noise.kind": "asymmetric"},
+        {"noise.kind": "symmetric"},
+    ),
+    (
+        "noise.seed",
+        3,
+        {"noise.kind": "file", "noise.file.path": "i.npy"},
+        {"noise.kind": "per_caption"},
+    ),
+    ("noise.file.path", "i.npy", {}, {"noise.kind": "file"}),
+    ("model.views", 2, {"method": "vse"}, {"method": "ugncl"}),
 ]
 
 
@@ -62,9 +75,80 @@ def _config(settings):
     return config
 
 
-def test_every_conditional_field_has_a_case():
-    fields = {f for rule in CONDITIONAL_FIELDS for f in rule.fields}
-    assert fields == {case[0] for case in CASES}
+def _owned_fields():
+    """Every field some kind reads and some other kind of its choice does not."""
+    defaults = config_lib.base_config()
+    found = set()
+    for choice in kinds.all_choices():
+        for path in choice.unread(object()):  # an unknown kind reads none of them
+            node = defaults
+            for part in path.split("."):
+                node = node[part]
+            if hasattr(node, "keys"):
+                found |= {f"{path}.{name}" for name in node}
+            else:
+                found.add(path)
+    return found
+
+
+def test_every_field_a_kind_owns_has_a_case():
+    assert _owned_fields() == {case[0] for case in CASES}
+
+
+def test_every_kind_has_an_implementation():
+    """The kinds a config may choose are those the code builds (and no more)."""
+    from ncljax.models import kinds as model_kinds
+    from ncljax.train import evaluator
+
+    assert set(optim.NAME.names) == set(optim.OPTIMIZERS)
+    assert set(optim.SCHEDULE.names) == set(optim.SCHEDULES)
+    assert set(kinds.eval_kinds.KIND.names) == set(evaluator.EVAL_KINDS)
+    assert model_kinds.HEAD.names == ("cosine", "sgr", "saf")
+
+
+@pytest.mark.parametrize("old", sorted(renames.RENAMED))
+def test_an_old_field_name_is_refused_naming_the_new_one(old):
+    new = renames.RENAMED[old]
+    line = renames.refuse_old_flags(["train.py", f"--config.{old}=3"])
+    assert line.startswith(f"--config.{old} is now --config.{new}:")
+    node = config_lib.base_config()  # the new name exists, the old one does not
+    for part in new.split("."):
+        node = node[part]
+    assert old.split(".")[1] not in config_lib.base_config()[old.split(".")[0]] or (
+        hasattr(config_lib.base_config()[old.split(".")[0]][old.split(".")[1]], "keys")
+    )
+
+
+def test_a_config_saved_under_the_old_names_reads_in_the_new_layout():
+    new = config_lib.base_config().to_dict()
+    old = copy.deepcopy(new)
+    for before, after in reversed(renames.RENAMED.items()):  # back to the old layout
+        node = old
+        *parents, leaf = after.split(".")
+        for part in parents:
+            node = node[part]
+        value = node.pop(leaf)
+        section, name = before.split(".")
+        old[section][name] = value
+    for path in (
+        "model.cosine",
+        "model.text_mlp",
+        "model.tokens",
+        "model.prototypes",
+        "model.sgraf",
+        "model.sgr",
+        "optim.adamw",
+        "optim.step",
+        "eval.recall",
+        "noise.pairs",
+        "noise.labels",
+        "noise.symmetric",
+    ):
+        section, name = path.split(".")
+        assert old[section].pop(name) == {}
+    assert isinstance(old["noise"]["file"], str)
+    assert renames.upgrade(old) == new
+    assert renames.upgrade(new) == new
 
 
 @pytest.mark.parametrize(("field", "value", "unread", "read"), CASES)
@@ -85,9 +169,9 @@ def test_model_views_must_be_a_positive_integer():
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("model.remat", "sometimes"),
-        ("model.compute_dtype", "float16"),
-        ("model.length_groups", 0),
+        ("model.sgraf.remat", "sometimes"),
+        ("model.sgraf.compute_dtype", "float16"),
+        ("model.sgraf.length_groups", 0),
         ("data.device_prefetch", 0),
     ],
 )
@@ -97,22 +181,22 @@ def test_speed_settings_refuse_bad_values(field, value):
 
 
 def test_reset_unread_restores_the_defaults_of_unread_fields():
-    config = _config({"model.head": "sgr", "model.sim_dim": 8, "optim.decay_every": 5})
+    config = _config({"model.head": "sgr", "model.sgraf.sim_dim": 8, "optim.step.every": 5})
     config.model.head = "cosine"  # switched in code: the SGRAF size is now unread
-    assert reset_unread(config) == ["model.sim_dim", "optim.decay_every"]
-    assert config.model.sim_dim == 256 and config.optim.decay_every == 10
+    assert reset_unread(config) == ["model.sgraf.sim_dim", "optim.step.every"]
+    assert config.model.sgraf.sim_dim == 256 and config.optim.step.every == 10
     validation.check(config)
 
 
 def test_a_field_left_unread_by_a_command_line_choice_is_warned_about(caplog):
     """A config file's step decay, with ``--config.optim.schedule=cosine``: the file's
     decay fields are now unread; the user chose that on the command line."""
-    config = _config({"optim.schedule": "cosine", "optim.decay_every": 30})
+    config = _config({"optim.schedule": "cosine", "optim.step.every": 30})
     with caplog.at_level(logging.WARNING):
         validation.check(config, overridden={"optim.schedule"})
-    assert "optim.decay_every=30 is read only with optim.schedule='step'" in caplog.text
-    for overridden in (None, set(), {"optim.schedule", "optim.decay_every"}):
-        with pytest.raises(ValueError, match=r"optim\.decay_every=30 is read only"):
+    assert "optim.step.every=30 is read only with optim.schedule='step'" in caplog.text
+    for overridden in (None, set(), {"optim.schedule", "optim.step.every"}):
+        with pytest.raises(ValueError, match=r"optim\.step\.every=30 is read only"):
             validation.check(config, overridden=overridden)
 
 
@@ -166,8 +250,8 @@ def test_train_py_switches_the_dataset_by_name(tmp_path):
 def test_a_none_setting_keeps_its_type_for_overrides():
     # Every method's setting annotated `T | None` is a typed placeholder when None, so
     # --config.method_kwargs.<name>=value can set it; other fields are unchanged.
+    from ncljax import config as config_lib
     from ncljax import methods
-    from ncljax.train import config as config_lib
 
     seen = 0
     for name in methods.REGISTRY:

@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 
 from ncljax import evaluate
+from ncljax.config.fields import reset_unread
 from ncljax.train import ensemble, train_and_evaluate
 from ncljax.train import mesh as mesh_lib
-from ncljax.train.fields import reset_unread
 from tests.train import test_loop
 
 
 def _tiny_run(workdir, head, seed):
     config = test_loop.tiny(test_loop.load_config("vse", "synthetic"), epochs=1)
     config.model.head, config.seed = head, seed
-    config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 16, 8, 8
-    config.model.sgr_steps, config.model.remat = 1, "none"  # compiles in a fraction
-    config.model.length_groups = 1
+    config.model.embed_dim, config.model.tokens.word_dim, config.model.sgraf.sim_dim = 16, 8, 8
+    config.model.sgr.steps, config.model.sgraf.remat = 1, "none"  # compiles in a fraction
+    config.model.sgraf.length_groups = 1
     reset_unread(config)  # the SGRAF sizes, with the cosine head
     config.train.num_devices = 1
     train_and_evaluate(config, str(workdir))

@@ -18,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from ncljax.config import fields
 from ncljax.train import checkpoint, rundir, train_and_evaluate
 from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, tiny
 
@@ -26,7 +27,7 @@ from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, 
 
 def _config(epochs=3):
     config = tiny(load_config("vse", "synthetic"), epochs=epochs)
-    config.model.embed_dim, config.model.word_dim = 32, 16
+    config.model.embed_dim, config.model.tokens.word_dim = 32, 16
     return config
 
 
@@ -65,7 +66,7 @@ def runs(tmp_path_factory):
     uninterrupted one."""
     root = tmp_path_factory.mktemp("runs")
     config = _config()
-    config.model.text_dropout = 0.2
+    config.model.tokens.dropout = 0.2
     config.data.length_buckets = (10, 12)
     straight = train_and_evaluate(config, str(root / "straight"))
     with pytest.raises(Crash):
@@ -164,7 +165,7 @@ def _train_py_args(config, workdir):
         os.path.join(ROOT, "train.py"),
         "--config=" + os.path.join(ROOT, "configs", "vse.py") + ":synthetic",
         *(
-            f"--config.{field}={config[section][name]}"
+            f"--config.{field}={fields.get(config, field)}"
             for field in (
                 "data.num_train",
                 "data.num_val",
@@ -175,11 +176,10 @@ def _train_py_args(config, workdir):
                 "train.progress_bar",
                 "eval.batch_size",
                 "model.embed_dim",
-                "model.word_dim",
-                "model.text_dropout",
+                "model.tokens.word_dim",
+                "model.tokens.dropout",
                 "data.length_buckets",
             )
-            for section, name in [field.split(".")]
         ),
         f"--workdir={workdir}",
     ]
@@ -423,10 +423,10 @@ def test_bad_fields_are_refused_before_anything_is_written(tmp_path, field):
 def test_contradictory_noise_fields_are_refused(tmp_path, caplog):
     config = _config(epochs=1)
     config.noise.kind, config.noise.rate = "per_caption", 0.4
-    config.noise.file = str(tmp_path / "noise.npy")
+    config.noise.file.path = str(tmp_path / "noise.npy")
     with pytest.raises(ValueError, match=r"only read with noise.kind=.file."):
         train_and_evaluate(config, str(tmp_path / "a"))
-    config.noise.kind, config.noise.file = "none", ""
+    config.noise.kind, config.noise.file.path = "none", ""
     config.train.epochs = 0  # stops at the next check: the warning comes first
     with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match=r"train\.epochs=0"):
         train_and_evaluate(config, str(tmp_path / "b"))
@@ -434,10 +434,10 @@ def test_contradictory_noise_fields_are_refused(tmp_path, caplog):
     config.train.epochs = 1
     # A file whose realised rate contradicts noise.rate.
     config.noise.kind, config.noise.rate = "file", 0.2
-    config.noise.file = str(tmp_path / "noise.npy")
+    config.noise.file.path = str(tmp_path / "noise.npy")
     index = np.repeat(np.arange(64), 5)  # the image of each caption
     index[:160] = np.roll(index[:160], 5)  # half the captions moved to another image
-    np.save(config.noise.file, index)
+    np.save(config.noise.file.path, index)
     with pytest.raises(ValueError, match=r"noise.rate=0.2 but the noise file"):
         train_and_evaluate(config, str(tmp_path / "c"))
     assert not os.path.exists(tmp_path / "c")

@@ -12,10 +12,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import evaluate, methods
 from ncljax.data import sources, synthetic
 from ncljax.methods import base
-from ncljax.train import config as config_lib
 from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,8 +83,8 @@ def test_quickstart_quick_learns(tmp_path):
 @pytest.mark.slow
 def test_crash_and_resume_matches_uninterrupted_run(tmp_path):
     config = tiny(load_config("vse", "synthetic"), epochs=3)
-    config.model.embed_dim, config.model.word_dim = 32, 16
-    config.model.text_dropout = 0.2  # randomness must resume exactly too
+    config.model.embed_dim, config.model.tokens.word_dim = 32, 16
+    config.model.tokens.dropout = 0.2  # randomness must resume exactly too
     config.data.length_buckets = (10, 12)  # batches of two widths: one compilation each
     straight = train_and_evaluate(config, str(tmp_path / "straight"))
 
@@ -206,8 +206,8 @@ def test_bad_config_errors(tmp_path):
         train_and_evaluate(config, str(tmp_path / "a"))
     config = tiny(load_config("vse", "synthetic"))
     config.noise.kind = "file"
-    config.noise.file = str(tmp_path / "noise.npy")
-    np.save(config.noise.file, np.zeros(7, np.int64))
+    config.noise.file.path = str(tmp_path / "noise.npy")
+    np.save(config.noise.file.path, np.zeros(7, np.int64))
     with pytest.raises(ValueError, match="320"):  # 64 images x 5 captions expected
         train_and_evaluate(config, str(tmp_path / "b"))
     config = tiny(load_config("vse", "synthetic"), epochs=1)
@@ -446,7 +446,7 @@ def test_vse_sgr_baseline_trains_on_synthetic_regions_and_tokens(tmp_path):
     """The SGRAF backbone learns through the same region/token path as the real benchmarks."""
     config = load_config("vse", "synthetic,quick")
     config.model.head = "sgr"  # sigmoid output, as SGRAF
-    config.model.embed_dim, config.model.word_dim, config.model.sim_dim = 128, 64, 64
+    config.model.embed_dim, config.model.tokens.word_dim, config.model.sgraf.sim_dim = 128, 64, 64
     config.method_kwargs.negatives = "sum"  # hardest negatives need far more epochs
     config.noise.kind = "none"
     config.data.num_train, config.data.num_val, config.data.num_test = 300, 64, 64

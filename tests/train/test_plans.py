@@ -11,11 +11,11 @@ import optax
 import pytest
 from flax import nnx
 
-from ncljax import methods, models
+from ncljax import config as config_lib
+from ncljax import methods, models, optim
 from ncljax.data import pipeline, synthetic
 from ncljax.methods import base
-from ncljax.train import config as config_lib
-from ncljax.train import loop, optim, passes, train_and_evaluate
+from ncljax.train import loop, passes, train_and_evaluate
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
@@ -158,7 +158,7 @@ def setup():
     cfg.num_train, cfg.num_val, cfg.num_test = 8, 4, 4  # 40 training pairs
     ds = synthetic.SyntheticDataset(cfg)
     model_cfg = config_lib.base_config().model
-    model_cfg.embed_dim, model_cfg.word_dim = 16, 8
+    model_cfg.embed_dim, model_cfg.tokens.word_dim = 16, 8
     record = pipeline.pair_records(
         ds.split("train"), image_fields=("regions",), text_fields=("tokens", "length")
     )
@@ -298,9 +298,9 @@ def test_padding_reaches_no_loss_memory_row_or_batchnorm_statistic(setup):
     kind of BatchNorm of the SGRAF heads (VisualSA's two and the per-caption one)."""
     info, model_cfg, record = setup
     model_cfg = model_cfg.copy_and_resolve_references()
-    model_cfg.head, model_cfg.sim_dim = "saf", 8
-    model_cfg.text_dropout, model_cfg.pair_chunk, model_cfg.remat = 0.0, 0, "none"
-    model_cfg.length_groups = 1  # compiles faster; length grouping is tested in tests/models
+    model_cfg.head, model_cfg.sgraf.sim_dim = "saf", 8
+    model_cfg.tokens.dropout, model_cfg.sgraf.pair_chunk, model_cfg.sgraf.remat = 0.0, 0, "none"
+    model_cfg.sgraf.length_groups = 1  # compiles faster; length grouping is tested in tests/models
     method = _turns()
     # SGD: Adam's first step, g / (|g| + eps), would blow round-off up into the parameters
     # whose gradient is zero in exact arithmetic (a softmax's shift).
@@ -369,7 +369,7 @@ def test_optimizer_reset_zeroes_the_moments(setup):
 @pytest.mark.parametrize("schedule", ["constant", "step", "cosine"])
 def test_epoch_keyed_schedules_match_hand_computed_rates(schedule):
     cfg = config_lib.base_config().optim
-    cfg.learning_rate, cfg.schedule, cfg.decay_factor, cfg.decay_every = 2e-4, schedule, 0.1, 3
+    cfg.learning_rate, cfg.schedule, cfg.step.factor, cfg.step.every = 2e-4, schedule, 0.1, 3
     fn = optim.learning_rate_schedule(cfg, num_epochs=8)
     want = {
         "constant": [2e-4] * 9,
@@ -427,7 +427,7 @@ def _turns_config():
     config = tiny(load_config("vse", "synthetic"), epochs=3)
     config.method = "turns"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
-    config.optim.schedule, config.optim.decay_every = "step", 1
+    config.optim.schedule, config.optim.step.every = "step", 1
     config.train.log_every_steps = 1
     # 20 warm-up steps, then 7 steps per network and epoch: a save inside network 1's
     # pass of epoch 1 (steps 28-34) at step 30, for the mid-pass resume.

@@ -1,4 +1,4 @@
-"""``ncljax.train.presets.dataset_hint``: the config arguments it suggests for a dataset are
+"""``ncljax.config.presets.dataset_hint``: the config arguments it suggests for a dataset are
 ones the config files accept (once ``--config=configs/<method>.py:wiki`` for a file that
 refuses wiki)."""
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from ncljax.train import config as config_lib
-from ncljax.train import presets
+from ncljax import config as config_lib
+from ncljax.config import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")

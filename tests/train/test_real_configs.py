@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ncljax.train import config as config_lib
+from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_mrl
 from tests.data.test_precomp import TRAINABLE_SIZES, write_release
@@ -41,11 +41,11 @@ def test_gsc_configs_train_on_precomp_files(tmp_path, dataset):
     write_release(str(tmp_path / "manual"), dataset, sizes=TRAINABLE_SIZES)
     config = load_config("gsc", f"{dataset},quick")
     config.data.val_images = 0  # the fixture's dev split is smaller than NCR's 1000 images
-    config.eval.coco_5fold = False  # its 3 test images hold no 1K fold
+    config.eval.recall.coco_5fold = False  # its 3 test images hold no 1K fold
     m = config.model
-    m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
-    m.remat = "none"  # compiles in about half the time; remat is tested in tests/models
-    m.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
+    m.embed_dim, m.tokens.word_dim, m.sgraf.sim_dim, m.sgr.steps = 16, 8, 8, 1
+    m.sgraf.remat = "none"  # compiles in about half the time; remat is tested in tests/models
+    m.sgraf.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
     if dataset == "cc152k":
         config.method_kwargs.warmup_epochs = 0  # one epoch: reach the GSC phase at once
     results = _small_run(config, tmp_path, batch=4)
@@ -76,7 +76,7 @@ def test_uot_configs_train_on_mrl_files(tmp_path, name, dataset):
     write_mrl(tmp_path, dataset, sizes=(("train", 48), ("test", 24)), d_img=12, d_txt=8)
     config = load_config(name, "" if name == "uot_xmedianet" else dataset)
     config.data.valid_len = 12
-    config.model.image_hidden = config.model.text_hidden = (16,)
+    config.model.cosine.image_hidden = config.model.text_mlp.hidden = (16,)
     config.model.embed_dim = 8
     config.method_kwargs.warmup_epochs = 0  # one epoch: refresh, partial OT and L_BHG at once
     config.method_kwargs.neighbours = 5
@@ -94,11 +94,11 @@ def test_ncr_configs_train_on_precomp_files(tmp_path, dataset):
     write_release(str(tmp_path / "manual"), dataset, sizes=TRAINABLE_SIZES)
     config = load_config("ncr", f"{dataset},quick")
     config.data.val_images = 0
-    config.eval.coco_5fold = False
+    config.eval.recall.coco_5fold = False
     m = config.model
-    m.embed_dim, m.word_dim, m.sim_dim, m.sgr_steps = 16, 8, 8, 1
-    m.remat = "none"  # compiles in about half the time; remat is tested in tests/models
-    m.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
+    m.embed_dim, m.tokens.word_dim, m.sgraf.sim_dim, m.sgr.steps = 16, 8, 8, 1
+    m.sgraf.remat = "none"  # compiles in about half the time; remat is tested in tests/models
+    m.sgraf.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
     results = _small_run(config, tmp_path, batch=4)
     assert config.method == "ncr" and config.model.head == "sgr"
     assert config.method_kwargs.num_networks == 2

@@ -6,10 +6,10 @@ import numpy as np
 import optax
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods, models
 from ncljax.data import pipeline, synthetic
 from ncljax.methods import base
-from ncljax.train import config as config_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
@@ -32,7 +32,7 @@ def data():
 
 def _model_cfg():
     cfg = config_lib.base_config().model
-    cfg.embed_dim, cfg.word_dim = 32, 16
+    cfg.embed_dim, cfg.tokens.word_dim = 32, 16
     return cfg
 
 
@@ -227,7 +227,7 @@ def test_networks_draw_different_dropout_keys(data):
     info, batches = data
     dual = methods.build_method("vse", {"num_networks": 2})
     cfg = _model_cfg()
-    cfg.text_dropout = 0.5
+    cfg.tokens.dropout = 0.5
     tx = optax.sgd(0.5)
     mesh = mesh_lib.make_mesh(1)
     graphdef, state = state_lib.create(

@@ -7,10 +7,11 @@ import os
 import numpy as np
 import pytest
 
+from ncljax import config as config_lib
 from ncljax import methods
+from ncljax.config import validation
 from ncljax.data import sources, worlds
-from ncljax.train import config as config_lib
-from ncljax.train import train_and_evaluate, validation
+from ncljax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAIR_FILES = (*methods.of_family("pairs"), "quickstart")

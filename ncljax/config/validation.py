@@ -27,9 +27,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
+from ncljax.config import base as config_lib
+from ncljax.config import fields, presets
 from ncljax.data import sources
-from ncljax.train import config as config_lib
-from ncljax.train import fields, presets
 
 # How far noise.rate may be from the rate a noise file realises (index files of the same
 # nominal rate realise slightly less: a few pairs keep their own caption by chance).
@@ -104,7 +104,7 @@ def _check_data_section(config) -> None:
             f"Invalid config: the data section does not belong to data.name={name!r} (fields "
             f"{extra} are not {name}'s, {missing} are missing). Pass the dataset as the "
             f"config file's argument ({takers}), or rebuild the "
-            "section with ncljax.train.config.switch_dataset(config, name)."
+            "section with ncljax.config.switch_dataset(config, name)."
         )
 
 
@@ -164,7 +164,7 @@ def _check_noise_file(noise, realised_rate: float) -> None:
         and (abs(noise.rate - realised_rate) > NOISE_FILE_RATE_TOLERANCE)
     ):
         raise ValueError(
-            f"noise.rate={noise.rate} but the noise file {noise.file} makes "
+            f"noise.rate={noise.rate} but the noise file {noise.file.path} makes "
             f"{realised_rate:.3f} of the pairs noisy; with noise.kind='file' the file decides: "
             f"set noise.rate=0 (or {realised_rate:.2f}) to record what the run uses."
         )
