@@ -314,9 +314,14 @@ class Aux:
       noisy_estimates: per-pair beliefs that a pair is *noisy* by name (e.g. a method's
         noisy set), logged as ``step_noisy_precision_<name>`` (the share of truly noisy
         pairs among those ``> 0.5``) and ``step_noisy_recall_<name>``.
-      applied_weight: ``[B]`` (>= 0): how much each pair counted in the loss (a soft label, a
-        margin, a mask), as the method already applied it; the logs report the share of
-        it on truly noisy pairs (the trainer does not weight the loss by it again).
+      weight: ``[B]`` (>= 0): per-pair weights the trainer's reduction applies, for a
+        method that returns unweighted losses: the reduced loss is ``sum(w * loss) / n``
+        over the ``n`` real rows (``'mean'``; ``'sum'``: ``sum(w * loss)``), so a weight
+        of 0 drops a pair and the weights are not renormalised; ``None``: every pair 1.
+        The logs report the share of it on truly noisy pairs.
+      applied_weight: ``[B]`` (>= 0): how much each pair counted in the loss when the
+        method applied the weight itself (a soft label, a margin, a mask); read by the
+        logs only (the share of it on truly noisy pairs), never by the reduction.
       extra: anything else the method wants scored for the logs, by its own
         ``Method.step_metrics_fn`` (e.g. PC2's borrowed-caption rows).
     """
@@ -327,6 +332,7 @@ class Aux:
     clean_estimate: Array | None = None
     clean_estimates: dict[str, Array] = dataclasses.field(default_factory=dict)
     noisy_estimates: dict[str, Array] = dataclasses.field(default_factory=dict)
+    weight: Array | None = None
     applied_weight: Array | None = None
     extra: PyTree = None
 

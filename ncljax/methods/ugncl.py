@@ -442,7 +442,7 @@ def main_loss(s: Settings, log_e, sim, lam, rows, mask, warm, metrics):
         "memory": memory,
         "clean_estimates": {"clean": as_float["clean"], "hard_clean": as_float["hard_clean"]},
         "noisy_estimates": {"noisy": as_float["noisy"], "hard_noisy": as_float["hard_noisy"]},
-        "loss_weight": labels,
+        "applied_weight": labels,
     }
     return shares, terms, fields
 

@@ -114,8 +114,9 @@ def _diagnostic_metrics(aux: Aux, batch: dict, clean: jax.Array) -> Metrics:
     for name, estimate in aux.noisy_estimates.items():
         found = streamed_noise_metrics(estimate, ~truth, mask, f"_{name}")
         metrics |= {key.replace("_noise_", "_noisy_", 1): v for key, v in found.items()}
-    if aux.applied_weight is not None:
-        weight = jnp.where(mask, aux.applied_weight, 0.0)
+    logged = aux.applied_weight if aux.applied_weight is not None else aux.weight
+    if logged is not None:
+        weight = jnp.where(mask, logged, 0.0)
         noisy = jnp.where(truth, 0.0, weight).sum()
         metrics["noisy_weight_share"] = jnp.stack([noisy, weight.sum()])
     return metrics
@@ -296,7 +297,8 @@ class _Step:
         return (params, model_state, opt_state, samples), ok, step_metrics
 
     def loss(self, params, model_state, rows, peer_rows, memory_state, key, batch, ctx):
-        """The reduced loss of ``batch`` and ``(per_example, aux, new model state)``."""
+        """The reduced loss of ``batch`` and ``(per_example, aux, new model state)``, the
+        per-example losses weighted by ``aux.weight`` where the method gives one."""
         method = self.method
         model = nnx.merge(self.graphdef, params, model_state)
         dropout_key, loss_key = jax.random.split(key)
@@ -317,9 +319,10 @@ class _Step:
                 f"Method {method.name!r}'s loss_fn returned {type(aux).__name__} as its "
                 "auxiliaries; return an ncljax.methods.Aux."
             )
-        loss = _reduce(per_example, batch["mask"], method.loss_reduction)
+        weighted = per_example if aux.weight is None else aux.weight * per_example
+        loss = _reduce(weighted, batch["mask"], method.loss_reduction)
         _, _, new_model_state = nnx.split(model, nnx.Param, ...)
-        return loss, (per_example, aux, nnx.to_pure_dict(new_model_state))
+        return loss, (weighted, aux, nnx.to_pure_dict(new_model_state))
 
     def prepare(self, params, model_state, peer_params, peer_model_state, batches, ctx):
         """The method's no-grad pass shared by a step's updates (``Method.prepare_fn``)."""

@@ -1,5 +1,7 @@
 """The jitted train step: device-count invariance, no retracing, memory, dual networks, NaN."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -276,3 +278,32 @@ def test_clean_estimates_are_scored_against_the_true_mask_only_for_logs(data):
         metrics["step_noise_recall"], [(selected & truth).sum(), truth.sum()]
     )
     assert all("clean" not in keys for keys in seen)
+
+
+def test_the_reduction_applies_the_methods_weights(data):
+    """``Aux.weight``: the trainer's reduction multiplies each pair's loss by it (weights
+    not renormalised; a zero drops the pair), the same update as a method that weights its
+    own losses; the logged loss is the weighted one."""
+    info, batches = data
+    vse = methods.build_method("vse")
+
+    def weights(batch):
+        return (batch["index"] % 3).astype(jnp.float32)  # 0, 1, 2, ...
+
+    def by_the_trainer(outputs, batch, rows, peer_rows, ctx):
+        per_example, aux = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
+        return per_example, dataclasses.replace(aux, weight=weights(batch))
+
+    def by_the_method(outputs, batch, rows, peer_rows, ctx):
+        per_example, aux = vse.loss_fn(outputs, batch, rows, peer_rows, ctx)
+        return weights(batch) * per_example, aux
+
+    state_a, metrics_a = _run(info, vse._replace(loss_fn=by_the_trainer), batches, num_devices=2)
+    state_b, metrics_b = _run(info, vse._replace(loss_fn=by_the_method), batches, num_devices=2)
+    state_c, _ = _run(info, vse, batches, num_devices=2)
+    _close(state_a.params, state_b.params)
+    _close([m["loss"] for m in metrics_a], [m["loss"] for m in metrics_b])
+    differs = jax.tree.leaves(
+        jax.tree.map(lambda x, y: np.abs(x - y).max(), state_a.params, state_c.params)
+    )
+    assert max(differs) > 1e-4  # the weights changed the update
