@@ -108,12 +108,14 @@ import numpy as np
 
 from ncljax import audit as audit_lib
 from ncljax import methods as methods_lib
+from ncljax.config import files
 from ncljax.data import real_worlds, worlds
 from ncljax.train import rundir
 
+# The runs train in this folder, which holds the ncljax package (a checkout or site-packages).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_SCRIPT = os.path.join(ROOT, "train.py")
-CONFIG_DIR = os.path.join(ROOT, "configs")
+TRAIN_COMMAND = (sys.executable, "-m", "ncljax.train")  # as `ncljax train`
+CONFIG_DIR = files.CONFIG_DIR  # the shipped config files
 RATES = (0.0, 0.2, 0.4, 0.6, 0.8)
 RECORD = "report_run.json"  # in each workdir: how and how long the report ran it
 AUDIT_RECORD = "report_audit.json"  # in each audited workdir: the audit and its AUC
@@ -782,9 +784,7 @@ def execute(
         if os.path.exists(os.path.join(workdir, AUDIT_RECORD)):  # of an earlier training
             os.remove(os.path.join(workdir, AUDIT_RECORD))
         args = train_args(run, quick=quick, sets=sets, folder=folder)
-        code, wall = _run_logged(
-            [sys.executable, TRAIN_SCRIPT, *args, f"--workdir={workdir}"], log, env
-        )
+        code, wall = _run_logged([*TRAIN_COMMAND, *args, f"--workdir={workdir}"], log, env)
         if code != 0 and _stopping.is_set():  # ended by the report: not a failure
             raise Interrupted()
         if code == 0 or not os.path.exists(results):
@@ -865,11 +865,6 @@ def sweep(
         check_settings(out, runs[0].family, quick, sets, noisy_val)
     for world in dict.fromkeys(r.world for r in runs if r.real):
         real_worlds.require(world)
-    if not os.path.isfile(TRAIN_SCRIPT):
-        raise FileNotFoundError(
-            f"{TRAIN_SCRIPT} not found: ncljax.report runs the repository's train.py; run it "
-            "from a checkout of the repository."
-        )
     env = dict(os.environ)
     if jobs > 1 and not {"XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(
         env

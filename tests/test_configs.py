@@ -19,7 +19,11 @@ from tests.data.test_precomp import TRAINABLE_SIZES, write_release
 from tests.data.test_vectors import make_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+FILES = sorted(
+    p
+    for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+    if not os.path.basename(p).startswith("_")
+)
 
 
 def _module(path):

@@ -22,11 +22,13 @@ LAYERS = (
     "data",
     "evaluate",
     "config",
+    "configs",
     "cli",
     "train",
     "audit",
     "retrieve",
     "report",
+    "__main__",
 )
 
 

@@ -42,15 +42,18 @@ if os.environ.get("FAKE_RESULTS", "1") == "1":
         json.dump({"rsum": 100.0, "best_epoch": 0}, f)
 sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 """
-# The report's command line with the fake as train.py.
-CLI = "import sys; from ncljax import report; report.TRAIN_SCRIPT = sys.argv.pop(1); report.cli()"
+# The report's command line with the fake as its training command.
+CLI = (
+    "import sys; from ncljax import report; "
+    "report.TRAIN_COMMAND = (sys.executable, sys.argv.pop(1)); report.cli()"
+)
 
 
 @pytest.fixture
 def fake_train(tmp_path, monkeypatch):
     path = tmp_path / "fake_train.py"
     path.write_text(FAKE_TRAIN)
-    monkeypatch.setattr(report, "TRAIN_SCRIPT", str(path))
+    monkeypatch.setattr(report, "TRAIN_COMMAND", (sys.executable, str(path)))
     return str(path)
 
 

@@ -18,13 +18,10 @@ import os
 import ml_collections
 
 from ncljax.config import base as config_lib
-from ncljax.config import fields
+from ncljax.config import fields, files
 from ncljax.data import sources, worlds
 
-# The shipped config files (a source checkout's configs/).
-CONFIG_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
-)
+CONFIG_DIR = files.CONFIG_DIR  # the shipped config files
 PRECOMP = ("f30k", "coco", "cc152k", "now")
 LABELLED = ("wiki", "nuswide", "xmedianet", "inria")
 
@@ -185,9 +182,9 @@ def datasets_of(path: str) -> tuple[str, ...]:
 
 def config_files_taking(dataset: str, folder: str = CONFIG_DIR) -> list[str]:
     """``'<folder>/<file>.py:<dataset>'`` for each config file in ``folder`` that takes
-    ``dataset`` (sorted; empty when ``folder`` does not exist, e.g. an installed package)."""
+    ``dataset`` (sorted; empty when ``folder`` does not exist)."""
     found = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
+    for path in sorted(glob.glob(os.path.join(folder, "[!_]*.py"))):
         try:
             if dataset in datasets_of(path):
                 found.append(f"{path}:{dataset}")

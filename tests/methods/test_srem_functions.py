@@ -91,7 +91,7 @@ def test_warmup_loss_against_numpy_and_its_memory_rows():
         energy = -np.log(np.exp(rows).sum(1))  # Eq. 1 over the real candidates
         np.testing.assert_allclose(np.asarray(aux.memory[f"energy_{d}"])[real], energy, rtol=1e-5)
     np.testing.assert_array_equal(aux.memory["energy_epoch"], np.full(6, 3.0))
-    assert aux.loss_weight is None  # no hinge in the warm-up
+    assert aux.applied_weight is None  # no hinge in the warm-up
     assert set(aux.clean_estimates) == {"i2t", "t2i"}
     assert "loss_hinge" not in aux.metrics
 
@@ -118,7 +118,7 @@ def test_main_loss_reads_the_division_in_use():
 
     (loss, aux), given, (want, views) = both(outputs)
     np.testing.assert_allclose(loss, want, rtol=1e-6)
-    np.testing.assert_allclose(aux.loss_weight, views["i2t"].pull + views["t2i"].pull)
+    np.testing.assert_allclose(aux.applied_weight, views["i2t"].pull + views["t2i"].pull)
     f = np.asarray(logits, np.float64)
     for d, view in (("i2t", f), ("t2i", f.T)):
         energy = -np.log(np.exp(view).sum(1))

@@ -82,7 +82,7 @@ def test_refresh_divides_by_the_mixtures_of_the_statistics(caplog):
         where=MASK,
     )
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
-    np.testing.assert_allclose(aux.loss_weight, y)
+    np.testing.assert_allclose(aux.applied_weight, y)
     np.testing.assert_array_equal(aux.metrics["division_fallback"], 0.0)
 
 

@@ -156,7 +156,7 @@ def test_warmup_loss_against_numpy():
     assert isinstance(aux, base.Aux)
     np.testing.assert_allclose(aux.metrics["num_negatives"], 3.0)
     np.testing.assert_allclose(loss, _warmup_oracle(raw, mask, s, 3), rtol=1e-5, atol=1e-6)
-    assert not aux.memory and not aux.clean_estimates and aux.loss_weight is None
+    assert not aux.memory and not aux.clean_estimates and aux.applied_weight is None
     assert set(aux.metrics) == {"num_negatives", "loss_evidential", "loss_robust"}
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ncljax.config import fields
+from ncljax.config import fields, files
 from ncljax.train import checkpoint, rundir, train_and_evaluate
 from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, tiny
 
@@ -463,5 +463,6 @@ def test_missing_config_file_is_one_line(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode != 0
     assert out.stderr.strip() == (
-        f"Config file {missing} not found; pass an existing file, e.g. configs/quickstart.py."
+        f"Config file {missing} not found; pass an existing file or a shipped config by name "
+        f"({', '.join(files.names())}), e.g. --config=quickstart."
     )
