@@ -24,7 +24,7 @@ the newest checkpoint of ``checkpoints/latest``):
   completed, whether the run finished), what the score is, the method's threshold and
   how many pairs fall at or below it;
 - ``RUN/audit/scores.png``: the histogram of the scores with the threshold marked
-  (matplotlib, the test and notebooks extra; without it the tables are written and the
+  (matplotlib, the ``plots`` extra; without it the tables are written and the
   command says so).
 
 The files are one set: they are written into a new folder beside ``RUN/audit``, which
@@ -484,8 +484,8 @@ def plot(scores: PairScores, path: str) -> None:
         import matplotlib  # a test and notebooks extra
     except ModuleNotFoundError:
         raise ModuleNotFoundError(
-            "scores.png needs matplotlib: pip install matplotlib (or the project's test "
-            "extra, pip install -e '.[test]'); the tables are written."
+            "scores.png needs matplotlib: pip install 'ncljax[plots]' (or pip install "
+            "matplotlib); the tables are written."
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

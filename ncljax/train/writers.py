@@ -1,4 +1,5 @@
-"""Metric writers: JSONL in the workdir, TensorBoard when ``tensorboardX`` is installed."""
+"""Metric writers: JSONL in the workdir, TensorBoard when ``tensorboardX`` is installed
+(``pip install 'ncljax[tensorboard]'``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,642 @@
+r"""A run's verdict on each of its training pairs, exported: the pairs it believes mismatched.
+
+  python -m ncljax.audit --workdir=runs/gsc
+
+writes, for the training split of a finished or interrupted run (its ``config.json`` and
+the newest checkpoint of ``checkpoints/latest``):
+
+- ``RUN/audit/pairs.csv`` and ``RUN/audit/pairs.jsonl``: one row per training pair, sorted
+  by ``rank`` (1: the most suspicious pair, the lowest ``clean_score``; ties go to the
+  more confidently corrected label, then to the lower index), with ``index`` (the caption
+  index ``k`` of the training split: caption ``k`` of the dataset, as the trainer numbers
+  its pairs), ``clean_score`` (the method's own belief that the pair matches, higher =
+  more likely matched; see ``Method.verdict``), ``image_id`` and ``caption``
+  (``data.name='vectors'``: the folder's ``train_image_ids.txt`` / ``train_captions.txt``,
+  of the image the pair was trained with; empty where the dataset has none) and, for the
+  noisy-label methods (UOT-RCL), ``observed_label_image``, ``observed_label_text`` (the
+  labels the run trained on), ``corrected_label``, its ``confidence`` and ``trusted``
+  (the method trains on it), and ``step``, the checkpoint the scores come from. In
+  ``pairs.csv`` an ``image_id`` or ``caption`` that begins with ``=``, ``+``, ``-``, ``@``,
+  a tab or a carriage return is written after a ``'`` so that a spreadsheet shows it as
+  text instead of running it as a formula (``CSV_FORMULA_PREFIXES``); ``pairs.jsonl``
+  keeps every text exactly;
+- ``RUN/audit/audit.json``: which checkpoint the scores come from (step, epochs
+  completed, whether the run finished), what the score is, the method's threshold and
+  how many pairs fall at or below it;
+- ``RUN/audit/scores.png``: the histogram of the scores with the threshold marked
+  (matplotlib, the test and notebooks extra; without it the tables are written and the
+  command says so).
+
+The files are one set: they are written into a new folder beside ``RUN/audit``, which
+replaces it only once every file is complete, so an audit stopped partway (Ctrl-C, a
+full disk, a kill) leaves the previous audit whole or no audit, never a mix of the two;
+each file names the step of its checkpoint.
+
+The score is the one the trainer scores against the true noise after every epoch
+(``noise_auc`` in ``metrics.jsonl`` and ``results.json``): ``Method.clean_score_fn`` of
+every network's memory, averaged over networks (``ncljax.train.diagnostics.
+noise_diagnostics``), here of the memory in the run's newest checkpoint: for a finished
+run the memory at the end of training, the one ``results.json``'s ``noise_auc`` was
+computed from. The true noise is never read. A baseline (``vse``, ``infonce``, ``ce``)
+estimates nothing: the command says so in one line and exits with status 3
+(``NOTHING_TO_AUDIT``), writing nothing. Any other problem (no such run, no checkpoint
+yet, a damaged one, a dataset that no longer matches the run) is one line and status 1
+(``-v 1``: the whole traceback).
+
+From Python: ``pair_scores(workdir)`` (the scores as arrays, nothing written),
+``rows(scores)`` (the exported rows, most suspicious first), ``audit(workdir)`` (writes
+the files above).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from ncljax import methods, models
+from ncljax.data import fingerprint, noise, pipeline, sources
+from ncljax.train import checkpoint, ensemble, rundir
+from ncljax.train import state as state_lib
+
+NOTHING_TO_AUDIT = 3  # the exit status for a run whose method scores no pair
+OUT_DIR = "audit"
+PAIR_FIELDS = ("rank", "index", "clean_score", "image_id", "caption", "step")
+TEXT_FIELDS = ("image_id", "caption")  # the user's own text: neutralised in pairs.csv
+CSV_FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs these
+LABEL_FIELDS = (
+    "observed_label_image",
+    "observed_label_text",
+    "corrected_label",
+    "confidence",
+    "trusted",
+)
+
+
+class NothingToAudit(Exception):
+    """The run's method (a baseline) estimates nothing about its pairs."""
+
+
+class PairScores(NamedTuple):
+    """A run's verdict on its training pairs, every array in caption-index order ``[N]``.
+
+    Attributes:
+      method: the run's method.
+      clean_score: float64 ``[N]``, higher = more likely matched (the method's ``Verdict``).
+      rank: int64 ``[N]``, 1 for the lowest score (``rank_of``).
+      threshold: the method's cut on ``clean_score`` (pairs at or below it are the ones
+        it treats as noisy), or ``None`` where it has no fixed one.
+      score: what ``clean_score`` is, in words.
+      threshold_rule: where ``threshold`` comes from, in words.
+      image_ids: the id of the image each pair was trained with, or ``None``.
+      captions: each pair's caption, or ``None``.
+      labels: the noisy-label methods' ``LABEL_FIELDS`` arrays, or ``None``.
+      checkpoint: ``step``, ``epochs_completed``, ``num_epochs``, ``mid_epoch`` and
+        ``finished`` (the run wrote ``results.json``) of the checkpoint read.
+      notes: lines worth telling the user (a damaged newest checkpoint, equal scores).
+    """
+
+    method: str
+    clean_score: np.ndarray
+    rank: np.ndarray
+    threshold: float | None
+    score: str
+    threshold_rule: str
+    image_ids: list[str] | None
+    captions: list[str] | None
+    labels: dict[str, np.ndarray] | None
+    checkpoint: dict[str, Any]
+    notes: tuple[str, ...]
+
+
+class _Restored(NamedTuple):
+    memory: Any  # the stacked Memory, leaves [K, N, ...] as numpy arrays
+    meta: dict
+    step: int
+    notes: tuple[str, ...]
+
+
+# --- what each method's score is and where its threshold lies: Method.verdict ----------
+
+# A bundle that declares no verdict (one built by hand, e.g. a new method's first draft).
+_DEFAULT = methods.Verdict("the method's clean estimate (Method.clean_score_fn)", 0.5, "0.5")
+
+
+# --- reading the run -------------------------------------------------------------------
+
+
+def _load_config(workdir: str) -> ml_collections.ConfigDict:
+    if not os.path.isdir(workdir):
+        what = "a file, not a directory" if os.path.exists(workdir) else "no such directory"
+        raise FileNotFoundError(
+            f"--workdir={workdir}: {what}; give the directory of a train.py run (its --workdir)."
+        )
+    if not os.path.exists(os.path.join(workdir, "config.json")):
+        raise FileNotFoundError(
+            f"{workdir} holds no ncljax run (no config.json): give the --workdir of a train.py run."
+        )
+    return ensemble.load_config(workdir)
+
+
+def _restore_memory(workdir: str, like) -> _Restored:
+    """The memory and progress record of the newest readable checkpoint of ``latest``.
+
+    Read only: nothing in the run directory is moved, removed or written, so a run that is
+    still training can be audited. A newest checkpoint that cannot be read is skipped for
+    the one before it, and a note says so.
+    """
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints", "latest")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"{workdir} has no checkpoint yet ({directory} is missing): the audit reads the "
+            "memory of a checkpoint; train until the first one is saved."
+        )
+    with checkpoint.muted():  # orbax warns that a read-only manager saves nothing
+        manager = ocp.CheckpointManager(
+            directory,
+            options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+            item_handlers={
+                "state": ocp.PyTreeCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+            },
+        )
+    target = {"memory": like}
+    restore_args = jax.tree.map(lambda x: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    notes = []
+    try:
+        steps = sorted(manager.all_steps(), reverse=True)
+        for step in steps:
+            out, reason = checkpoint.attempt(
+                lambda step=step: manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.PyTreeRestore(
+                            item=target, restore_args=restore_args, partial_restore=True
+                        ),
+                        meta=ocp.args.JsonRestore(),
+                    ),
+                )
+            )
+            if out is not None:
+                return _Restored(out["state"]["memory"], out["meta"], step, tuple(notes))
+            notes.append(f"the checkpoint of step {step} cannot be read ({reason})")
+    finally:
+        manager.close()
+    if not steps:
+        raise FileNotFoundError(
+            f"{workdir} has no checkpoint yet ({directory} is empty): the audit reads the "
+            "memory of a checkpoint; train until the first one is saved."
+        )
+    raise checkpoint.CheckpointError(
+        f"No checkpoint in {directory} can be read ({'; '.join(notes)}). Run the run's "
+        "train.py command again (it sets damaged checkpoints aside and resumes), then audit."
+    )
+
+
+def _paired_images(split, noise_cfg) -> np.ndarray:
+    """The image each training caption was trained with (``pipeline.training_pairs``)."""
+    n, cpi = split.num_captions, split.captions_per_image
+    if noise_cfg.kind == "file":
+        made = noise.load_correspondence_noise_file(
+            noise_cfg.file.path, n, cpi, expected=noise_cfg.file.layout
+        )
+        return made.image_index
+    if noise_cfg.kind in ("per_caption", "per_image"):
+        made = noise.correspondence_noise(
+            n,
+            cpi,
+            rate=noise_cfg.rate,
+            seed=noise_cfg.seed,
+            protocol=noise_cfg.kind,
+            exact=noise_cfg.pairs.exact,
+        )
+        return made.image_index
+    return np.arange(n) // cpi  # no correspondence noise: the pairs as the dataset gives them
+
+
+def _display(config, split) -> tuple[list[str] | None, list[str] | None]:
+    """Per pair: the id of its image and its caption, where the dataset gives them."""
+    if config.data.name != "vectors":
+        return None, None
+    from ncljax.data import vectors  # the vectors reader: only its runs
+
+    image_ids, captions = vectors.display_texts(config.data, "train")
+    if image_ids is not None:
+        image_index = _paired_images(split, config.noise)
+        image_ids = [image_ids[i] for i in image_index]
+    return image_ids, (list(captions) if captions is not None else None)
+
+
+def _label_columns(method, memory0, pairs) -> dict[str, np.ndarray]:
+    """The noisy-label methods' columns and clean score, of network 0 (as the trainer's
+    ``label_diagnostics``).
+
+    The corrected label and ``trusted`` are the method's own ``label_estimate_fn``. UOT-RCL:
+    ``Q`` (``memory.samples['labels']``, ``N`` times the partial-OT plan) is each pair's
+    corrected soft label; the confidence is its mass on the corrected class (in [0, 1]) and
+    the clean score the mean of ``Q`` at the observed image and text labels: high where the
+    method keeps the labels the pair came with, low where it moves the pair to another
+    class or transports none of it.
+    """
+    if "labels" not in memory0.samples:
+        raise ValueError(
+            f"The audit does not know how to read {method.name}'s corrected soft labels "
+            "(no memory.samples['labels']); see ncljax/audit.py."
+        )
+    corrected, trusted = method.label_estimate_fn(memory0)
+    q = np.asarray(memory0.samples["labels"], np.float64)
+    rows = np.arange(q.shape[0])
+    observed_image = np.asarray(pairs.labels_image, np.int64)
+    observed_text = np.asarray(pairs.labels_text, np.int64)
+    corrected = np.asarray(corrected, np.int64)
+    return {
+        "observed_label_image": observed_image,
+        "observed_label_text": observed_text,
+        "corrected_label": corrected,
+        "confidence": q[rows, corrected],
+        "trusted": np.asarray(trusted, bool),
+        "clean_score": 0.5 * (q[rows, observed_image] + q[rows, observed_text]),
+    }
+
+
+def _training_pairs(config, dataset, workdir: str) -> pipeline.TrainingPairs:
+    """The run's training pairs, rebuilt as the trainer built them (and checked)."""
+    image_fields, text_fields = models.input_fields(config.model)
+    pairs = pipeline.training_pairs(
+        dataset.split("train"),
+        config.noise,
+        num_classes=dataset.info.num_classes,
+        image_fields=image_fields,
+        text_fields=text_fields,
+    )
+    if pairs.checksum != config.get("noise_checksum", pairs.checksum):
+        raise ValueError(
+            f"The dataset of {workdir} no longer gives the run's training pairs (the noise "
+            "checksum differs from its config.json): the data or noise files changed since "
+            "training. Restore them, or train again."
+        )
+    return pairs
+
+
+def _clean_score(method, memory) -> np.ndarray:
+    """Exactly the trainer's ``noise_diagnostics``: ``clean_score_fn`` of each network's
+    memory, averaged over networks. float64 ``[N]``."""
+    per_network = [
+        np.asarray(method.clean_score_fn(state_lib.network(memory, k)))
+        for k in range(method.num_networks)
+    ]
+    return np.asarray(np.mean(per_network, 0), np.float64)
+
+
+def rank_of(clean_score: np.ndarray, confidence: np.ndarray | None = None) -> np.ndarray:
+    """Rank 1 for the lowest score (the most suspicious pair); ties go to the higher
+    ``confidence`` of a corrected label (a pair confidently moved to another class first),
+    then to the lower index."""
+    index = np.arange(clean_score.size)
+    keys = (index, clean_score) if confidence is None else (index, -confidence, clean_score)
+    order = np.lexsort(keys)
+    rank = np.empty(clean_score.size, np.int64)
+    rank[order] = np.arange(1, clean_score.size + 1)
+    return rank
+
+
+def pair_scores(workdir: str) -> PairScores:
+    """The verdict of the run in ``workdir`` on each of its training pairs.
+
+    Rebuilds the run's training pairs from its ``config.json`` (the dataset and its noise,
+    checked against the run's noise checksum), restores the method's memory from the
+    newest checkpoint and scores it as the trainer's noise diagnostics do.
+
+    Raises:
+      NothingToAudit: the method scores no pair (a baseline).
+      FileNotFoundError: no such run, or no checkpoint yet.
+      ValueError: a damaged ``config.json``, or a dataset that no longer gives the run's
+        training pairs.
+      checkpoint.CheckpointError: no checkpoint can be read.
+    """
+    config = _load_config(workdir)
+    method = methods.build_method(config.method, config.method_kwargs, config.model)
+    if method.clean_score_fn is None and method.label_estimate_fn is None:
+        raise NothingToAudit(
+            f"{config.method} is a baseline: it estimates nothing about its training pairs, "
+            "so there is no verdict to export (audit a run of ncr, gsc, srem, ugncl, pc2 or "
+            "uot_rcl)."
+        )
+    fingerprint.check_unchanged(config, workdir, "audit")
+    dataset = sources.load_dataset(config.data)
+    split = dataset.split("train")
+    pairs = _training_pairs(config, dataset, workdir)
+    init = methods.InitContext(
+        pairs.num_records,
+        dataset.info,
+        pairs.labels_image,
+        pairs.labels_text,
+        config.model.embed_dim,
+    )
+    like = state_lib.stack([method.init_memory(init)] * method.num_networks)
+    restored = _restore_memory(workdir, like)
+    memory0 = state_lib.network(restored.memory, 0)
+    labels = None
+    if method.clean_score_fn is not None:
+        clean_score = _clean_score(method, restored.memory)
+    else:  # the labels family: the trainer's label_diagnostics read network 0
+        labels = _label_columns(method, memory0, pairs)
+        clean_score = labels.pop("clean_score")
+    described = method.verdict or _DEFAULT
+    threshold, rule, what = described.threshold, described.rule, described.score
+    if method.num_networks > 1 and method.clean_score_fn is not None:
+        what += f", mean over the {method.num_networks} networks"
+    meta = restored.meta
+    notes = list(restored.notes)
+    if notes:
+        notes[-1] += f"; the scores are those of step {restored.step}"
+    if described.caveat:
+        notes.append(described.caveat)
+    if np.ptp(clean_score) == 0:
+        notes.append(
+            "every pair has the same score: the method has not divided the pairs yet (a "
+            "warm-up checkpoint?); the ranking is the caption order"
+        )
+    image_ids, captions = _display(config, split)
+    return PairScores(
+        method=config.method,
+        clean_score=clean_score,
+        rank=rank_of(clean_score, None if labels is None else labels["confidence"]),
+        threshold=threshold,
+        score=what,
+        threshold_rule=rule,
+        image_ids=image_ids,
+        captions=captions,
+        labels=labels,
+        checkpoint={
+            "step": restored.step,
+            "epochs_completed": int(meta["epoch"]),
+            "num_epochs": int(config.train.epochs),
+            "mid_epoch": bool(meta["pass"] or meta["position"]),
+            "finished": os.path.exists(os.path.join(workdir, "results.json")),
+        },
+        notes=tuple(notes),
+    )
+
+
+# --- writing the verdict ---------------------------------------------------------------
+
+
+def fields(scores: PairScores) -> tuple[str, ...]:
+    """The columns of the exported rows."""
+    return PAIR_FIELDS + (LABEL_FIELDS if scores.labels is not None else ())
+
+
+def rows(scores: PairScores) -> Iterator[dict]:
+    """The exported rows, most suspicious first."""
+    order = np.argsort(scores.rank)
+    empty = [""] * order.size
+    columns = {
+        "rank": scores.rank[order].tolist(),
+        "index": order.tolist(),
+        "clean_score": scores.clean_score[order].tolist(),
+        "image_id": [scores.image_ids[k] for k in order] if scores.image_ids else empty,
+        "caption": [scores.captions[k] for k in order] if scores.captions else empty,
+        "step": [scores.checkpoint["step"]] * order.size,
+    }
+    for name, values in (scores.labels or {}).items():
+        columns[name] = values[order].tolist()
+    for values in zip(*columns.values(), strict=True):
+        yield dict(zip(columns, values, strict=True))
+
+
+def summary(scores: PairScores) -> dict:
+    """What ``audit.json`` records: the checkpoint, the score and the threshold."""
+    flagged = (
+        None if scores.threshold is None else int((scores.clean_score <= scores.threshold).sum())
+    )
+    return {
+        "method": scores.method,
+        "num_pairs": int(scores.clean_score.size),
+        "score": scores.score,
+        "threshold": scores.threshold,
+        "threshold_rule": scores.threshold_rule,
+        "at_or_below_threshold": flagged,
+        "checkpoint": scores.checkpoint,
+        "notes": list(scores.notes),
+    }
+
+
+def spreadsheet_safe(row: dict) -> dict:
+    """``row`` with each text field (``TEXT_FIELDS``) that a spreadsheet would run as a
+    formula (it begins with one of ``CSV_FORMULA_PREFIXES``) prefixed by ``'``."""
+    return {
+        k: f"'{v}" if k in TEXT_FIELDS and str(v).startswith(CSV_FORMULA_PREFIXES) else v
+        for k, v in row.items()
+    }
+
+
+def _replace(path: str, write_fn: Callable) -> None:
+    """Writes ``path`` through a temporary file and a rename: never half a file."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            write_fn(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_tables(scores: PairScores, out_dir: str) -> dict[str, str]:
+    """``pairs.csv``, ``pairs.jsonl`` and ``audit.json`` in ``out_dir``; their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {
+        name: os.path.join(out_dir, name) for name in ("pairs.csv", "pairs.jsonl", "audit.json")
+    }
+
+    def write_csv(f):
+        writer = csv.DictWriter(f, fieldnames=fields(scores))
+        writer.writeheader()
+        writer.writerows(spreadsheet_safe(row) for row in rows(scores))
+
+    def write_jsonl(f):
+        for row in rows(scores):
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    _replace(paths["pairs.csv"], write_csv)
+    _replace(paths["pairs.jsonl"], write_jsonl)
+    rundir.atomic_write_json(paths["audit.json"], summary(scores))
+    return paths
+
+
+def plot(scores: PairScores, path: str) -> None:
+    """The histogram of the scores, the threshold marked.
+
+    Raises:
+      ModuleNotFoundError: matplotlib is not installed (one line saying what to install).
+    """
+    try:
+        import matplotlib  # a test and notebooks extra
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "scores.png needs matplotlib: pip install matplotlib (or the project's test "
+            "extra, pip install -e '.[test]'); the tables are written."
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.hist(scores.clean_score, bins=50, color="tab:blue", alpha=0.8)
+    if scores.threshold is not None:
+        ax.axvline(
+            scores.threshold,
+            color="tab:red",
+            linestyle="--",
+            label=f"threshold {scores.threshold:.3g} ({scores.threshold_rule})",
+        )
+        ax.legend(loc="upper left", fontsize="small")
+    else:
+        ax.text(
+            0.02,
+            0.95,
+            f"no threshold: {scores.threshold_rule}",
+            transform=ax.transAxes,
+            fontsize="small",
+            va="top",
+        )
+    point = scores.checkpoint
+    state = "finished" if point["finished"] else "interrupted"
+    ax.set_title(
+        f"{scores.method}: {scores.clean_score.size} training pairs, step {point['step']}, "
+        f"{point['epochs_completed']}/{point['num_epochs']} epochs ({state})",
+        fontsize="medium",
+    )
+    ax.set_xlabel(f"clean_score: {scores.score}", fontsize="small")
+    ax.set_ylabel("pairs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def audit(workdir: str) -> dict:
+    """Writes ``workdir/audit/``: the verdict of the run on each training pair.
+
+    Returns ``summary`` of the scores with ``paths`` (the files written) and ``plot_error``
+    (why ``scores.png`` was not written, or ``None``).
+
+    Raises:
+      As ``pair_scores``.
+    """
+    scores = pair_scores(workdir)
+    out_dir = os.path.join(workdir, OUT_DIR)
+    _remove_stale(workdir)
+    staging = os.path.join(workdir, f"{_STAGING}{os.getpid()}")
+    try:
+        names = list(write_tables(scores, staging))
+        plot_error = None
+        try:
+            plot(scores, os.path.join(staging, "scores.png"))
+            names.append("scores.png")
+        except ModuleNotFoundError as e:
+            plot_error = str(e)
+        _swap_in(staging, out_dir)
+    except OSError as e:
+        kept = "the previous audit is kept whole" if os.path.isdir(out_dir) else "none is kept"
+        raise OSError(
+            f"The audit could not be written into {out_dir} ({e.strerror or e}): free space "
+            f"or give write permission in {workdir}, then run it again; {kept}."
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    paths = {name: os.path.join(out_dir, name) for name in names}
+    return {**summary(scores), "paths": paths, "plot_error": plot_error}
+
+
+_STAGING = ".audit-new-"  # an audit being written: RUN/.audit-new-<pid>
+_RETIRED = ".audit-old-"  # the audit it replaces, removed after the swap
+
+
+def _swap_in(staging: str, out_dir: str) -> None:
+    """Replaces ``out_dir`` by the complete ``staging`` folder (two renames)."""
+    retired = None
+    if os.path.exists(out_dir):
+        retired = os.path.join(os.path.dirname(out_dir), f"{_RETIRED}{os.getpid()}")
+        os.rename(out_dir, retired)
+    os.rename(staging, out_dir)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def _remove_stale(workdir: str) -> None:
+    """Removes what an audit killed before its swap left (its staging folder or the
+    audit it was replacing); an audit killed between the two renames leaves no
+    ``audit/``, and its new files are not trusted: they are written again."""
+    for name in os.listdir(workdir):
+        if name.startswith((_STAGING, _RETIRED)):
+            shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+
+
+def _report(result: dict) -> str:
+    point = result["checkpoint"]
+    state = "finished" if point["finished"] else "not finished"
+    where = "mid-epoch, " if point["mid_epoch"] else ""
+    lines = [
+        f"Audit of {result['method']} ({state}; step {point['step']}, {where}"
+        f"{point['epochs_completed']}/{point['num_epochs']} epochs completed): "
+        f"{result['num_pairs']} training pairs scored by {result['score']}."
+    ]
+    if result["threshold"] is not None:
+        lines.append(
+            f"{result['at_or_below_threshold']} at or below the threshold "
+            f"{result['threshold']:.4g} ({result['threshold_rule']})."
+        )
+    else:
+        lines.append(f"No threshold: {result['threshold_rule']}; the ranks order the pairs.")
+    lines += [f"Note: {note}." for note in result["notes"]]
+    lines.append("Wrote " + ", ".join(result["paths"].values()) + ".")
+    return "\n".join(lines)
+
+
+def main(argv):
+    from ncljax import cli as _cli
+
+    _cli.started()  # Ctrl-C from here on: KeyboardInterrupt, caught below
+    from absl import app, flags
+    from absl import logging as absl_logging
+
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
+    try:
+        result = audit(flags.FLAGS.workdir)
+    except NothingToAudit as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(NOTHING_TO_AUDIT)
+    except (OSError, ValueError, checkpoint.CheckpointError) as e:
+        if flags.FLAGS.verbosity > 0:  # -v 1: the whole traceback
+            raise
+        sys.exit(f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt:  # the previous audit, if any, is whole (audit's swap)
+        if flags.FLAGS.verbosity > 0:
+            raise
+        print("Interrupted; the previous audit is unchanged. Run it again.", file=sys.stderr)
+        sys.exit(130)
+    print(_report(result))
+    if result["plot_error"]:
+        print(result["plot_error"], file=sys.stderr)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    from ncljax import cli
+
+    flags.DEFINE_string("workdir", None, "The run's directory (finished or interrupted).")
+    flags.mark_flag_as_required("workdir")
+    app.run(main, flags_parser=cli.flags_parser("python -m ncljax.audit"))

@@ -1,0 +1,1 @@
+"""Datasets, noise and the input pipeline."""

@@ -1,0 +1,332 @@
+r"""Evidence, Dirichlet opinions and Dempster-Shafer fusion, in log space (UGNCL, DECL, TMC).
+
+A batch of ``K`` image-caption pairs is read as a ``K``-way classification: each image
+query "classifies" the captions and each caption query the images. A raw similarity ``R``
+becomes non-negative *evidence* ``e = exp(l)`` with log-evidence ``l = softplus(R) / tau``
+(UGNCL, ``'exp_softplus'``) or ``l = tanh(R) / tau`` (DECL, ``'exp_tanh'``). A query's
+evidence vector parameterises a Dirichlet ``alpha = e + 1`` with strength
+``Lambda = sum_k alpha_k``, and subjective logic reads it as belief masses
+``b_k = e_k / Lambda`` and an uncertainty mass ``u = K / Lambda`` (``u + sum_k b_k = 1``).
+
+With ``tau = 0.1`` the evidence overflows float32 from ``R ~ 8.9``, so every function here
+takes the log-evidence ``l`` and never forms ``exp(l)`` where it could overflow:
+``log alpha = softplus(l)``, ``log Lambda = logsumexp_k log alpha_k``, beliefs and
+uncertainty are ``exp`` of differences. The Dirichlet KL term is evaluated from
+``log alpha`` with the gamma-function terms regrouped so the parts that grow like
+``alpha`` cancel analytically (and an asymptotic series for large arguments), so it is
+exact in float32 for any evidence: raw similarities of any magnitude give finite values
+and finite, bounded gradients without clipping (``max_log_evidence`` remains available).
+
+Rows are queries and the last axis the ``K`` classes (candidates). ``where`` (bool
+``[K]``) marks the real classes of a padded batch: padding classes carry no evidence and
+do not count in ``K``.
+
+Equations: ``ugncl.md`` sections 3.1-3.6 and 8 (item 6) of the ncljax specs; Sensoy et
+al., "Evidential Deep Learning to Quantify Classification Uncertainty", NeurIPS 2018;
+Han et al., "Trusted Multi-View Classification", ICLR 2021 (the combination rule).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.scipy import special
+from jax.typing import ArrayLike
+
+from ncljax import masking
+
+EVIDENCE_FNS = ("exp_softplus", "exp_tanh")
+# Above this Dirichlet parameter the gamma-function terms of the KL use their asymptotic
+# series (error below 1e-9 there); below it the exact functions, whose float32 rounding
+# (relative 1e-7 of terms of size ~a log a) is then at most ~3e-5 absolute.
+_ASYMPTOTIC_FROM = 100.0
+_HALF_LOG_2PI_E = 0.5 * (1.0 + math.log(2.0 * math.pi))
+
+
+class Opinion(NamedTuple):
+    """A subjective-logic opinion per query.
+
+    Attributes:
+      belief: ``[..., K]`` belief masses ``b_k = e_k / Lambda`` (0 on padding classes).
+      uncertainty: ``[...]`` uncertainty mass ``u = K / Lambda``; ``u + sum_k b_k = 1``.
+      log_strength: ``[...]`` ``log Lambda``, the log Dirichlet strength.
+    """
+
+    belief: jax.Array
+    uncertainty: jax.Array
+    log_strength: jax.Array
+
+
+def _float(x: ArrayLike) -> jax.Array:
+    x = jnp.asarray(x)
+    return x.astype(jnp.result_type(x, jnp.float32))
+
+
+def _classes(num: int, where: ArrayLike | None) -> jax.Array:
+    return masking.valid_rows(num, where, name="where (one flag per class)")
+
+
+def _normaliser(log_a: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(m, S)`` with ``Lambda = e^m S``: ``m`` the row's largest ``log alpha``, ``S`` the sum
+    of ``alpha / e^m`` over the real classes (``[..., 1]`` each). Ratios ``x / Lambda`` are
+    then ``(x / e^m) / S``, exact for any ``Lambda`` (``exp(l - log Lambda)`` would inherit
+    the rounding of a large ``log Lambda``)."""
+    masked = jnp.where(valid, log_a, -jnp.inf)
+    shift = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
+    total = jnp.exp(masked - shift).sum(-1, keepdims=True)
+    return shift, total
+
+
+def log_evidence(
+    raw: ArrayLike,
+    *,
+    temperature: float = 0.1,
+    evidence_fn: str = "exp_softplus",
+    max_log_evidence: float | None = None,
+) -> jax.Array:
+    r"""Log-evidence ``l = log e`` of raw similarity scores (UGNCL Eq. 3, DECL).
+
+    .. math::
+
+        l = \mathrm{softplus}(R) / \tau \;(\text{exp\_softplus}), \qquad
+        l = \tanh(R) / \tau \;(\text{exp\_tanh})
+
+    ``exp_softplus`` gives ``e >= 1`` (no pair can carry "no evidence"; ``ugncl.md`` Sec. 8,
+    item 7); ``exp_tanh`` is bounded in ``[e^{-1/tau}, e^{1/tau}]``.
+
+    Args:
+      raw: raw (unsquashed) similarities of any shape, e.g. ``[K, K]`` (rows images).
+      temperature: :math:`\tau` (0.1 in UGNCL and DECL).
+      evidence_fn: ``'exp_softplus'`` (UGNCL) or ``'exp_tanh'`` (DECL).
+      max_log_evidence: clip ``l`` at this value (``None``: no clip). Every function of this
+        module is finite without it; it bounds the evidence for reproducing a clipped
+        implementation.
+
+    Returns:
+      ``l``, the shape of ``raw``.
+    """
+    raw = _float(raw)
+    if evidence_fn == "exp_softplus":
+        out = jax.nn.softplus(raw) / temperature
+    elif evidence_fn == "exp_tanh":
+        out = jnp.tanh(raw) / temperature
+    else:
+        raise ValueError(f"evidence_fn must be one of {EVIDENCE_FNS}, got {evidence_fn!r}")
+    if max_log_evidence is not None:
+        out = jnp.minimum(out, max_log_evidence)
+    return out
+
+
+def log_alpha(log_e: ArrayLike) -> jax.Array:
+    """``log(alpha) = log(e + 1) = softplus(l)``: Dirichlet parameters from log-evidence."""
+    return jax.nn.softplus(_float(log_e))
+
+
+def directional_log_evidence(log_e: ArrayLike) -> tuple[jax.Array, jax.Array]:
+    """``(i2t, t2i)`` query views of an image-by-caption ``[K, K]`` log-evidence matrix.
+
+    Row ``i`` of ``i2t`` is image ``i``'s evidence over the captions; row ``j`` of ``t2i``
+    (the transpose) is caption ``j``'s evidence over the images (``ugncl.md`` Sec. 3.2).
+    """
+    log_e = _float(log_e)
+    if log_e.ndim != 2 or log_e.shape[0] != log_e.shape[1]:
+        raise ValueError(f"log_e must be square [K, K] (images x captions), got {log_e.shape}")
+    return log_e, log_e.T
+
+
+def dirichlet_opinion(log_e: ArrayLike, *, where: ArrayLike | None = None) -> Opinion:
+    r"""Belief and uncertainty masses of each query's Dirichlet (UGNCL Eqs. 5-6).
+
+    .. math::
+
+        \alpha_k = e_k + 1, \quad \Lambda = \sum_k \alpha_k, \quad
+        b_k = \frac{e_k}{\Lambda}, \quad u = \frac{K}{\Lambda}
+
+    Args:
+      log_e: ``[..., K]`` log-evidence, classes on the last axis.
+      where: optional bool ``[K]``, the real classes; ``K`` counts only them.
+
+    Returns:
+      An :class:`Opinion`.
+    """
+    log_e = _float(log_e)
+    valid = _classes(log_e.shape[-1], where)
+    num = valid.sum().astype(log_e.dtype)
+    shift, total = _normaliser(log_alpha(log_e), valid)
+    belief = jnp.where(valid, jnp.exp(log_e - shift) / total, 0.0)
+    uncertainty = num * jnp.exp(-shift[..., 0]) / total[..., 0]
+    return Opinion(belief, uncertainty, (shift + jnp.log(total))[..., 0])
+
+
+def ds_combine(
+    belief1: ArrayLike, uncertainty1: ArrayLike, belief2: ArrayLike, uncertainty2: ArrayLike
+) -> tuple[jax.Array, jax.Array]:
+    r"""Dempster-Shafer combination of two opinions over the same ``K`` classes (UGNCL Eq. 7).
+
+    .. math::
+
+        C = \sum_{k \ne l} b^1_k b^2_l, \qquad
+        b_k = \frac{b^1_k b^2_k + b^1_k u^2 + b^2_k u^1}{1 - C}, \qquad
+        u = \frac{u^1 u^2}{1 - C}
+
+    with the closed form ``C = (sum b1)(sum b2) - sum_k b1_k b2_k`` (``O(K)`` per query, not
+    the ``K x K`` outer product of the released code). Commutative and associative.
+
+    Args:
+      belief1, belief2: ``[..., K]`` belief masses.
+      uncertainty1, uncertainty2: ``[...]`` uncertainty masses.
+
+    Returns:
+      ``(belief [..., K], uncertainty [...])``, again with ``u + sum_k b_k = 1``.
+    """
+    b1, b2 = _float(belief1), _float(belief2)
+    u1, u2 = _float(uncertainty1)[..., None], _float(uncertainty2)[..., None]
+    # 1 - C without cancellation: (sum b1 + u1)(sum b2 + u2) = 1, so
+    # 1 - C = u1 u2 + u1 sum b2 + u2 sum b1 + sum_k b1_k b2_k.
+    sum1, sum2 = b1.sum(-1, keepdims=True), b2.sum(-1, keepdims=True)
+    scale = 1.0 / (u1 * u2 + u1 * sum2 + u2 * sum1 + (b1 * b2).sum(-1, keepdims=True))
+    belief = (b1 * b2 + b1 * u2 + b2 * u1) * scale
+    uncertainty = (u1 * u2 * scale)[..., 0]
+    return belief, uncertainty
+
+
+def opinion_to_alpha(
+    belief: ArrayLike, uncertainty: ArrayLike, num_classes: ArrayLike | None = None
+) -> jax.Array:
+    r"""Dirichlet parameters of an opinion: ``alpha_k = b_k K / u + 1`` (UGNCL Eq. 7).
+
+    ``num_classes``: ``K``, the real classes of a padded opinion (default: the last axis).
+    """
+    belief, uncertainty = _float(belief), _float(uncertainty)
+    num = belief.shape[-1] if num_classes is None else num_classes
+    return belief * num / uncertainty[..., None] + 1.0
+
+
+def _log_expm1(x: jax.Array) -> jax.Array:
+    """``log(exp(x) - 1)`` for ``x >= 0``, exact for small and large ``x``."""
+    return x + jnp.log(-jnp.expm1(-x))
+
+
+def fuse_log_evidence(
+    log_e_views: ArrayLike, num_classes: ArrayLike | None = None, *, axis: int = 0
+) -> jax.Array:
+    r"""Log-evidence of the Dempster-Shafer combination of ``W`` opinions (folded pairwise).
+
+    For opinions over ``K`` classes, :func:`ds_combine` of two Dirichlets with evidence
+    ``e^1``, ``e^2`` has evidence ``e = e^1 + e^2 + e^1 e^2 / K`` per class (the conflict
+    cancels), i.e. ``1 + e / K = (1 + e^1 / K)(1 + e^2 / K)``. Folding ``W`` opinions:
+
+    .. math::
+
+        \log e = \log K + \log\Big(\exp\Big(\sum_w \mathrm{softplus}(l^w - \log K)\Big)
+                 - 1\Big)
+
+    elementwise, so one call fuses whole ``[W, K, K]`` evidence matrices in both directions.
+
+    Args:
+      log_e_views: log-evidences with the ``W`` views on ``axis``.
+      num_classes: ``K`` (the real classes of a padded batch); default the last axis' size.
+      axis: the views' axis.
+
+    Returns:
+      The fused log-evidence, without the views' axis.
+    """
+    log_e_views = _float(log_e_views)
+    num = log_e_views.shape[-1] if num_classes is None else num_classes
+    log_k = jnp.log(jnp.asarray(num, log_e_views.dtype))
+    total = jax.nn.softplus(log_e_views - log_k).sum(axis)
+    return log_k + _log_expm1(total)
+
+
+def edl_squared_error(
+    log_e: ArrayLike, target: ArrayLike, *, where: ArrayLike | None = None
+) -> jax.Array:
+    r"""Expected squared error under each query's Dirichlet (EDL; UGNCL Eq. 12).
+
+    .. math::
+
+        \mathcal L_{ls} = \sum_k \Big(y_k - \frac{\alpha_k}{\Lambda}\Big)^2
+                         + \frac{\alpha_k (\Lambda - \alpha_k)}{\Lambda^2 (\Lambda + 1)}
+
+    Args:
+      log_e: ``[Q, K]`` log-evidence of each query over the classes.
+      target: ``[Q, K]`` targets ``y`` in ``[0, 1]``.
+      where: optional bool ``[K]``, the real classes.
+
+    Returns:
+      ``[Q]`` per-query loss.
+    """
+    log_a = log_alpha(log_e)
+    target = _float(target)
+    valid = _classes(log_a.shape[-1], where)
+    shift, total = _normaliser(log_a, valid)
+    mean = jnp.exp(jnp.where(valid, log_a, -jnp.inf) - shift) / total
+    inverse_strength_plus_one = jnp.exp(-shift) / (total + jnp.exp(-shift))
+    terms = jnp.square(target - mean) + mean * (1.0 - mean) * inverse_strength_plus_one
+    return jnp.where(valid, terms, 0.0).sum(-1)
+
+
+def _r_of_log(log_a: jax.Array) -> jax.Array:
+    """``r(a) = lgamma(a) - (a - 1) digamma(a) + a`` from ``log a`` (``a >= 1``), exact in float32.
+
+    Asymptotically ``r(a) = log(a) / 2 + (1 + log 2 pi) / 2 - 1/(3a) - 1/(12a^2) - 1/(90a^3)
+    + O(a^-4)`` (from Stirling's series of ``log Gamma`` and ``psi``).
+    """
+    large = log_a > math.log(_ASYMPTOTIC_FROM)
+    a_small = jnp.exp(jnp.where(large, 0.0, log_a))  # both branches stay finite (jnp.where grads)
+    exact = special.gammaln(a_small) - (a_small - 1.0) * special.digamma(a_small) + a_small
+    inv = jnp.exp(-jnp.where(large, log_a, math.log(_ASYMPTOTIC_FROM)))
+    series = 0.5 * log_a + _HALF_LOG_2PI_E - inv * (1.0 / 3.0 + inv * (1.0 / 12.0 + inv / 90.0))
+    return jnp.where(large, series, exact)
+
+
+def _digamma_of_log(log_a: jax.Array) -> jax.Array:
+    """``digamma(a)`` from ``log a`` for any ``a >= 1`` (asymptotic series for large ``a``)."""
+    large = log_a > math.log(_ASYMPTOTIC_FROM)
+    exact = special.digamma(jnp.exp(jnp.where(large, 0.0, log_a)))
+    inv = jnp.exp(-jnp.where(large, log_a, math.log(_ASYMPTOTIC_FROM)))
+    series = log_a - inv * (0.5 + inv * (1.0 / 12.0 - inv * inv / 120.0))
+    return jnp.where(large, series, exact)
+
+
+def dirichlet_kl_uniform(log_alpha_: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    r"""``KL[Dir(alpha) || Dir(1)]`` per query, from ``log alpha`` (UGNCL Eq. 13).
+
+    .. math::
+
+        \mathrm{KL} = \log\Gamma(\Lambda) - \log\Gamma(K) - \sum_k \log\Gamma(\alpha_k)
+                      + \sum_k (\alpha_k - 1)\,[\psi(\alpha_k) - \psi(\Lambda)]
+
+    evaluated as ``r(Lambda) + (K - 1) psi(Lambda) - sum_k r(alpha_k) - log Gamma(K)`` with
+    ``r(a) = log Gamma(a) - (a - 1) psi(a) + a``: the terms that grow like ``a`` cancel
+    analytically, so the value and its gradient are exact in float32 for any ``alpha``
+    (an asymptotic series where ``a > 100``).
+
+    Args:
+      log_alpha_: ``[Q, K]`` log Dirichlet parameters (``alpha >= 1``, e.g. ``alpha-tilde``).
+      where: optional bool ``[K]``, the real classes; ``K`` counts only them.
+
+    Returns:
+      ``[Q]`` per-query KL divergence (``>= 0``).
+    """
+    log_a = jnp.maximum(_float(log_alpha_), 0.0)
+    valid = _classes(log_a.shape[-1], where)
+    num = valid.sum().astype(log_a.dtype)
+    log_strength = jax.nn.logsumexp(jnp.where(valid, log_a, -jnp.inf), axis=-1)
+    per_class = jnp.where(valid, _r_of_log(jnp.where(valid, log_a, 0.0)), 0.0).sum(-1)
+    return (
+        _r_of_log(log_strength)
+        + (num - 1.0) * _digamma_of_log(log_strength)
+        - per_class
+        - special.gammaln(num)
+    )
+
+
+def log_mean_evidence(log_e_views: ArrayLike, *, axis: int = 0) -> jax.Array:
+    r"""``log((1/W) sum_w e^w)``: UGNCL's retrieval score, the mean evidence of ``W`` views
+    (ranks like the mean evidence, never overflows; ``ugncl.md`` Sec. 3.10)."""
+    log_e_views = _float(log_e_views)
+    return jax.nn.logsumexp(log_e_views, axis=axis) - jnp.log(log_e_views.shape[axis])

@@ -1,0 +1,483 @@
+r"""SREM's per-batch estimators: energy, clean selection, swapped weights, complementary labels.
+
+Every function reads a ``[B, B]`` matrix in *direction view*: rows are the queries, columns the
+candidates, the diagonal the observed pairs. Call it with the logits ``F`` (rows images) for
+image-to-text and with ``F.T`` for text-to-image. ``where`` (bool ``[B]``) marks the real pairs
+of a padded batch: a padding pair is neither a query nor a candidate, and its own outputs are 0
+(``False`` for masks).
+
+* :func:`energy` (Eq. 1), :func:`clean_mask` (Eq. 2, the energy threshold and the maximum
+  similarity constraint), :func:`combine_clean_masks` (one clean set per direction, or their
+  intersection or union);
+* :func:`normalized_entropy` (Eq. 4), :func:`hard_negative_index`, :func:`hinge_argument`,
+  :func:`sgw_weight` and :func:`swap_weights` (Eqs. 5-6, swapped gradient weighting);
+* :func:`complementary_mask` (Eq. 11), :func:`ms_selection_probs` (Eq. 10) and
+  :func:`rectified_complementary_dist` (Eqs. 11-12);
+* :func:`positive_pull` (the per-pair positive gradient of Eq. 7, the diagnostic behind the
+  paper's noisy gradient ratio);
+* :func:`calibrate_energy` (the threshold and margins of Eqs. 2-3 from the energies' own
+  two-class split) and :func:`degenerate_division` (a split that divides nothing).
+
+Everything but :func:`energy` is a constant of the loss (``stop_gradient``: masks, indices,
+entropies, weights, ``Q``).
+
+Equations: ``srem.md`` sections 3.1-3.8 of the ncljax specs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from ncljax import masking
+
+_SG = jax.lax.stop_gradient
+
+
+def _square(matrix: ArrayLike, name: str = "logits") -> jax.Array:
+    matrix = jnp.asarray(matrix)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"{name} must be square [B, B] (queries x candidates), got {matrix.shape}")
+    return matrix.astype(jnp.result_type(matrix, jnp.float32))
+
+
+valid_rows = masking.valid_rows  # bool [B]: the real pairs (all when where is None)
+
+
+def _candidates(num: int, where: ArrayLike | None) -> tuple[jax.Array, jax.Array]:
+    """``(valid [B], candidates [B, B])``: a real query row against its real candidates."""
+    valid = valid_rows(num, where)
+    return valid, valid[:, None] & valid[None, :]
+
+
+def energy(logits: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    r"""Energy of each query (Eq. 1): the negative log-sum-exp of its row of logits.
+
+    .. math:: E_i = -\log \sum_j \exp(\mathbf F_{ij})
+
+    Low energy means a confident query. Over ``B`` flat logits it is ``-log B`` (-4.85 for
+    ``B = 128``): the energy depends on the batch size.
+
+    Args:
+      logits: ``[B, B]`` logits ``F`` in direction view.
+      where: optional bool ``[B]``, the real pairs; padding is no candidate.
+
+    Returns:
+      ``[B]`` energies (gradient flows), 0 at padding rows.
+
+    References:
+      Dang et al., "Noisy Correspondence Learning with Self-Reinforcing Errors Mitigation",
+      AAAI 2024, Eq. 1; Liu et al., "Energy-based Out-of-distribution Detection", NeurIPS 2020.
+    """
+    logits = _square(logits)
+    valid, candidates = _candidates(logits.shape[0], where)
+    # A padding row reads its whole (finite) row, so no -inf reaches the gradient; it is
+    # zeroed below.
+    lse = jax.nn.logsumexp(jnp.where(candidates | ~valid[:, None], logits, -jnp.inf), axis=1)
+    return jnp.where(valid, -lse, 0.0)
+
+
+def _masked_argmax(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Row argmax over ``mask`` (ties to the lowest index, as ``jnp.argmax``)."""
+    return jnp.argmax(jnp.where(mask, values, -jnp.inf), axis=1)
+
+
+def clean_mask(logits: ArrayLike, threshold: float, *, where: ArrayLike | None = None) -> jax.Array:
+    r"""The clean split of one direction (Eq. 2): low energy and the partner ranked first.
+
+    .. math:: c_i = \mathbb 1[E_i < \tau]\;\mathbb 1[\arg\max_j \mathbf F_{ij} = i]
+
+    The second factor is DECL's maximum-similarity constraint. A tie for the maximum is broken
+    toward the lowest index, so a positive tied with an earlier candidate is not selected.
+
+    Args:
+      logits: ``[B, B]`` logits in direction view.
+      threshold: the energy threshold :math:`\tau`.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      bool ``[B]`` (no gradient), ``False`` at padding.
+
+    References:
+      Dang et al., AAAI 2024, Eq. 2; Qin et al., "Deep Evidential Learning with Noisy
+      Correspondence for Cross-modal Retrieval" (DECL), ACM MM 2022.
+    """
+    logits = _SG(_square(logits))
+    valid, candidates = _candidates(logits.shape[0], where)
+    first = _masked_argmax(logits, candidates) == jnp.arange(logits.shape[0])
+    return valid & first & (energy(logits, where=valid) < threshold)
+
+
+CLEAN_SETS = ("per_direction", "and", "or")
+
+
+def combine_clean_masks(
+    clean_i2t: ArrayLike, clean_t2i: ArrayLike, mode: str = "per_direction"
+) -> tuple[jax.Array, jax.Array]:
+    """The clean sets the two directions train with (``srem.md`` Sec. 8, item 5).
+
+    Args:
+      clean_i2t: bool ``[B]`` of the image-to-text view.
+      clean_t2i: bool ``[B]`` of the text-to-image view.
+      mode: ``'per_direction'`` (default: each direction its own set), ``'and'`` (both use the
+        intersection) or ``'or'`` (both use the union).
+
+    Returns:
+      ``(clean_i2t, clean_t2i)``, bool ``[B]`` each.
+    """
+    clean_i2t, clean_t2i = jnp.asarray(clean_i2t, bool), jnp.asarray(clean_t2i, bool)
+    if mode == "per_direction":
+        return clean_i2t, clean_t2i
+    if mode == "and":
+        both = clean_i2t & clean_t2i
+        return both, both
+    if mode == "or":
+        either = clean_i2t | clean_t2i
+        return either, either
+    raise ValueError(f"clean_set must be one of {CLEAN_SETS}, got {mode!r}")
+
+
+def normalized_entropy(logits: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    r"""Entropy of each query's in-batch softmax, divided by its maximum (Eq. 4).
+
+    .. math:: e_i = -\frac{1}{\log n} \sum_j \mathbf P_{ij} \log \mathbf P_{ij},
+       \qquad \mathbf P_{i:} = \mathrm{softmax}(\mathbf F_{i:})
+
+    with ``n`` the number of real candidates (the batch size ``B`` of a full batch).
+
+    Args:
+      logits: ``[B, B]`` logits in direction view.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      ``[B]`` in ``[0, 1]`` (no gradient), 0 at padding and when there is one candidate.
+
+    References:
+      Dang et al., AAAI 2024, Eq. 4.
+    """
+    logits = _SG(_square(logits))
+    valid, candidates = _candidates(logits.shape[0], where)
+    log_p = jax.nn.log_softmax(logits, axis=1, where=candidates)
+    plogp = jnp.where(candidates, jnp.exp(log_p) * log_p, 0.0)
+    count = candidates.sum(1)
+    norm = jnp.log(jnp.maximum(count, 2).astype(logits.dtype))
+    return jnp.where(valid & (count > 1), -plogp.sum(1) / norm, 0.0)
+
+
+def hard_negative_index(logits: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    r"""The hardest in-batch negative of each query: :math:`\phi(i) = \arg\max_{j \ne i} F_{ij}`.
+
+    Args:
+      logits: ``[B, B]`` logits (or sigmoid scores: the same order) in direction view.
+      where: optional bool ``[B]``, the real pairs; padding is never a negative.
+
+    Returns:
+      int32 ``[B]`` (no gradient; ties to the lowest index). A query without a real negative
+      (padding, or a batch of one) gets its own index.
+
+    References:
+      Dang et al., AAAI 2024, Eq. 6; Faghri et al., VSE++, BMVC 2018.
+    """
+    logits = _SG(_square(logits))
+    num = logits.shape[0]
+    _, candidates = _candidates(num, where)
+    negatives = candidates & ~jnp.eye(num, dtype=bool)
+    own = jnp.arange(num)
+    return jnp.where(negatives.any(1), _masked_argmax(logits, negatives), own).astype(jnp.int32)
+
+
+def hinge_argument(scores: ArrayLike, hard_negative: ArrayLike, margin: float) -> jax.Array:
+    r"""The hinge argument :math:`a_i = \alpha - \mathbf S_{ii} + \mathbf S_{i\phi(i)}`.
+
+    Args:
+      scores: ``[B, B]`` sigmoid scores ``S`` in direction view.
+      hard_negative: int ``[B]``, :math:`\phi` (a query's own index: no negative, ``a = alpha``).
+      margin: :math:`\alpha`.
+
+    Returns:
+      ``[B]`` (gradient flows through both scores).
+    """
+    scores = _square(scores, "scores")
+    rows = jnp.arange(scores.shape[0])
+    return margin - jnp.diagonal(scores) + scores[rows, jnp.asarray(hard_negative)]
+
+
+def sgw_weight(entropy: ArrayLike, argument: ArrayLike) -> jax.Array:
+    r"""Sensitivity weight (Eq. 5): :math:`w_i = 1 - e_i\,\mathbb 1[a_i > 0]`.
+
+    A pair that already satisfies the margin (``a <= 0``) keeps the full weight 1.
+
+    Args:
+      entropy: ``[B]`` normalised entropies ``e``.
+      argument: ``[B]`` hinge arguments ``a`` whose sign switches the down-weighting.
+
+    Returns:
+      ``[B]`` in ``[0, 1]`` (no gradient).
+    """
+    entropy, argument = _SG(jnp.asarray(entropy)), _SG(jnp.asarray(argument))
+    return 1.0 - entropy * (argument > 0)
+
+
+SGW_INDICATORS = ("literal", "loss_direction")
+
+
+def swap_weights(
+    entropy_i2t: ArrayLike,
+    entropy_t2i: ArrayLike,
+    argument_i2t: ArrayLike,
+    argument_t2i: ArrayLike,
+    *,
+    indicator: str = "literal",
+) -> tuple[jax.Array, jax.Array]:
+    r"""Swapped gradient weights (Eqs. 5-6): each direction is weighted by the other's entropy.
+
+    ``'literal'`` (default, Eqs. 5-6 as printed): :math:`\omega^{i2t} = w^{t2i}`,
+    :math:`\omega^{t2i} = w^{i2t}`, the indicator included in the swap.
+    ``'loss_direction'`` (the text's "the swap applies to :math:`e(P_i)`"): the entropy is
+    swapped, the indicator is the loss's own,
+    :math:`\omega^{i2t}_i = 1 - e^{t2i}_i\,\mathbb 1[a^{i2t}_i > 0]`; only then does a pair
+    that satisfies its margin produce no gradient.
+
+    Args:
+      entropy_i2t: ``[B]`` normalised entropy of the image queries.
+      entropy_t2i: ``[B]`` of the caption queries.
+      argument_i2t: ``[B]`` hinge arguments of the image-to-text view.
+      argument_t2i: ``[B]`` of the text-to-image view.
+      indicator: ``'literal'`` or ``'loss_direction'`` (``srem.md`` Sec. 3.5).
+
+    Returns:
+      ``(omega_i2t, omega_t2i)``, ``[B]`` each (no gradient).
+
+    References:
+      Dang et al., AAAI 2024, Eqs. 5-6.
+    """
+    if indicator == "literal":
+        return sgw_weight(entropy_t2i, argument_t2i), sgw_weight(entropy_i2t, argument_i2t)
+    if indicator == "loss_direction":
+        return sgw_weight(entropy_t2i, argument_i2t), sgw_weight(entropy_i2t, argument_t2i)
+    raise ValueError(f"sgw_indicator must be one of {SGW_INDICATORS}, got {indicator!r}")
+
+
+def complementary_mask(
+    clean: ArrayLike, hard_negative: ArrayLike, *, where: ArrayLike | None = None
+) -> jax.Array:
+    r"""The complementary candidates of each query (Eq. 11).
+
+    .. math:: \mathcal A_i = \{j \ne i\} \setminus \{\phi(i) \text{ if } c_i\}
+
+    Every real row has candidates, clean or not; a clean row loses the hard negative its
+    hinge already pushes away.
+
+    Args:
+      clean: bool ``[B]``, the clean split of this direction.
+      hard_negative: int ``[B]``, :math:`\phi`.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      bool ``[B, B]`` (no gradient); all ``False`` on padding rows and columns.
+
+    References:
+      Dang et al., AAAI 2024, Eq. 11.
+    """
+    clean = jnp.asarray(clean, bool)
+    num = clean.shape[0]
+    _, candidates = _candidates(num, where)
+    columns = jnp.arange(num)
+    hinge_negative = clean[:, None] & (columns[None, :] == jnp.asarray(hard_negative)[:, None])
+    return candidates & ~jnp.eye(num, dtype=bool) & ~hinge_negative
+
+
+def ms_selection_probs(
+    scores: ArrayLike, beta: float, offset: float, *, where: ArrayLike | None = None
+) -> jax.Array:
+    r"""Biased selection probability of each complementary label (Eq. 10).
+
+    .. math:: \bar{\mathbf P}_{ij} = \frac{\exp(\beta(\mathbf S_{ij} - b))}
+       {1 + \sum_{k \ne i} \exp(\beta(\mathbf S_{ik} - b))}, \qquad j \ne i
+
+    (multi-similarity / binomial-deviance weighting: harder negatives weigh more). The sum runs
+    over every real negative, before the hard negative is removed by Eq. 11. Computed in log
+    space.
+
+    Args:
+      scores: ``[B, B]`` sigmoid scores ``S`` in direction view.
+      beta: sharpness :math:`\beta`.
+      offset: offset :math:`b`.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      ``[B, B]`` in ``(0, 1)`` off the diagonal, 0 on it and at padding (no gradient).
+
+    References:
+      Dang et al., AAAI 2024, Eq. 10; Wang et al., "Multi-Similarity Loss with General Pair
+      Weighting for Deep Metric Learning", CVPR 2019.
+    """
+    scores = _SG(_square(scores, "scores"))
+    num = scores.shape[0]
+    _, candidates = _candidates(num, where)
+    negatives = candidates & ~jnp.eye(num, dtype=bool)
+    z = jnp.where(negatives, beta * (scores - offset), -jnp.inf)
+    log_norm = jnp.logaddexp(0.0, jax.nn.logsumexp(z, axis=1, keepdims=True))
+    return jnp.where(negatives, jnp.exp(z - log_norm), 0.0)
+
+
+def rectified_complementary_dist(
+    selection: ArrayLike, mask: ArrayLike, *, rectify: bool = True
+) -> jax.Array:
+    r"""The distribution ``Q`` over each query's complementary candidates (Eqs. 11-12).
+
+    .. math:: \mathbf Q_{ij} = \frac{\mathbb 1[j \in \mathcal A_i]\,\exp(\bar{\mathbf P}_{ij})}
+       {\sum_{k \in \mathcal A_i} \exp(\bar{\mathbf P}_{ik})}
+
+    A softmax of the selection probabilities themselves (values in ``(0, 1)``, so at most a
+    factor ``e`` between candidates), as printed. ``rectify=False`` is the "without label
+    rectification" ablation: uniform on :math:`\mathcal A_i`.
+
+    Args:
+      selection: ``[B, B]`` :math:`\bar{\mathbf P}` (:func:`ms_selection_probs`).
+      mask: bool ``[B, B]`` :math:`\mathcal A` (:func:`complementary_mask`).
+      rectify: biased (``True``, Eq. 12) or uniform ``Q``.
+
+    Returns:
+      ``[B, B]``: each row with a candidate sums to 1; exactly 0 off the mask (no gradient).
+
+    References:
+      Dang et al., AAAI 2024, Eqs. 11-12.
+    """
+    selection = _SG(_square(selection, "selection"))
+    mask = jnp.asarray(mask, bool)
+    logits = selection if rectify else jnp.zeros_like(selection)
+    q = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=1, where=mask)
+    return jnp.where(mask, q, 0.0)
+
+
+def positive_pull(
+    scores: ArrayLike,
+    hard_negative: ArrayLike,
+    weight: ArrayLike,
+    clean: ArrayLike,
+    margin: float,
+) -> jax.Array:
+    r"""The positive gradient each pair receives from the weighted hinge (Eq. 7).
+
+    .. math:: g_i = c_i\,\omega_i\,\mathbb 1[\alpha - \omega_i \mathbf S_{ii}
+       + \mathbf S_{i\phi(i)} > 0] = -\partial L_w / \partial \mathbf S_{ii}
+
+    (of the summed hinge). Summed over the two directions and split by the true mask it gives
+    the paper's noisy gradient ratio (``srem.md`` Sec. 3.8): the share of the positive pull
+    that reaches mismatched pairs.
+
+    Args:
+      scores: ``[B, B]`` sigmoid scores in direction view.
+      hard_negative: int ``[B]``, :math:`\phi`.
+      weight: ``[B]``, :math:`\omega`.
+      clean: bool ``[B]``, the clean split the hinge trains on.
+      margin: :math:`\alpha`.
+
+    Returns:
+      ``[B]`` >= 0 (no gradient).
+    """
+    scores = _SG(_square(scores, "scores"))
+    weight = _SG(jnp.asarray(weight, scores.dtype))
+    rows = jnp.arange(scores.shape[0])
+    negative = scores[rows, jnp.asarray(hard_negative)]
+    active = margin - weight * jnp.diagonal(scores) + negative > 0
+    hard_negative = jnp.asarray(hard_negative)
+    trained = jnp.asarray(clean, bool) & (hard_negative != rows)
+    return jnp.where(trained & active, weight, 0.0)
+
+
+class EnergyCalibration(NamedTuple):
+    """The energy division calibrated on one direction's energies (see
+    :func:`calibrate_energy`; all scalars).
+
+    Attributes:
+      threshold: :math:`\\hat\\tau`, replaces the paper's ``tau`` in Eq. 2.
+      m_clean: :math:`\\hat m_{clean}`, the low class's mean energy (Eq. 3).
+      m_noisy: :math:`\\hat m_{noisy}`, the high class's mean energy (Eq. 3).
+      clean_fraction: the share of the valid energies below ``threshold``.
+      degenerate: bool, fewer than two distinct valid energies: nothing to divide, and
+        the other fields are not estimates (a caller keeps its previous calibration).
+    """
+
+    threshold: jax.Array
+    m_clean: jax.Array
+    m_noisy: jax.Array
+    clean_fraction: jax.Array
+    degenerate: jax.Array
+
+
+def calibrate_energy(energies: ArrayLike, *, where: ArrayLike | None = None) -> EnergyCalibration:
+    r"""Energy threshold and margins from the energies themselves: the optimal two-class split.
+
+    The valid energies are sorted and cut where the between-class sum of squares is largest
+    (Otsu's threshold; the exact optimum of 2-means in 1-D, the start of a two-component
+    mixture fit):
+
+    .. math::
+      k^\star = \arg\max_k\; k\,(n-k)\,(\bar E_{\le k} - \bar E_{> k})^2,\qquad
+      \hat\tau = \tfrac12(E_{(k^\star)} + E_{(k^\star+1)}),\qquad
+      \hat m_{clean} = \bar E_{\le k^\star},\quad \hat m_{noisy} = \bar E_{> k^\star}
+
+    over the sorted energies :math:`E_{(1)} \le \dots \le E_{(n)}`, cutting only between
+    distinct values (ties share a class; the lowest such cut wins a tie of the criterion).
+    It replaces the paper's constants ``tau = -2``, ``m_clean = -4``, ``m_noisy = 0``:
+    ``E < \hat\tau`` is the low (confident) class, and the energy-bounded loss pushes each
+    pair beyond its class's mean. Every output moves with the energies under
+    :math:`E \to aE + c` (:math:`a > 0`): the division is invariant to a shift of the
+    logits (which shifts every energy by the same amount) and to the ``-log B`` every
+    energy of a batch size carries.
+
+    Args:
+      energies: ``[N]`` energies (e.g. of one direction over the previous epoch).
+      where: optional bool ``[N]``, the energies to use.
+
+    Returns:
+      :class:`EnergyCalibration`; with fewer than two distinct valid values ``degenerate``
+      is set, the threshold is below every value and both margins are their mean.
+    """
+    x = jnp.asarray(energies)
+    x = x.astype(jnp.result_type(x, jnp.float32))
+    if x.ndim != 1:
+        raise ValueError(f"energies must be [N], got shape {x.shape}")
+    valid = valid_rows(x.shape[0], where)
+    n = valid.sum()
+    count = jnp.maximum(n, 1).astype(x.dtype)
+    centre = jnp.where(valid, x, 0.0).sum() / count  # prefix sums of centred values
+    order = jnp.argsort(jnp.where(valid, x, jnp.inf))
+    sorted_x = jnp.where(valid[order], x[order] - centre, 0.0)
+    k = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype)  # size of the low class
+    low_sum = jnp.cumsum(sorted_x)
+    high_count = count - k
+    mean_low = low_sum / k
+    mean_high = -low_sum / jnp.maximum(high_count, 1.0)  # the centred values sum to 0
+    nxt = jnp.concatenate([sorted_x[1:], sorted_x[-1:]])
+    cut = (k < n) & (nxt > sorted_x)
+    between = jnp.where(cut, k * high_count * (mean_low - mean_high) ** 2, -1.0)
+    best = jnp.argmax(between)
+    degenerate = ~cut.any()
+    threshold = 0.5 * (sorted_x[best] + nxt[best])
+    threshold = jnp.where(degenerate, sorted_x[0] - 1.0, threshold) + centre
+    m_clean = jnp.where(degenerate, 0.0, mean_low[best]) + centre
+    m_noisy = jnp.where(degenerate, 0.0, mean_high[best]) + centre
+    fraction = jnp.where(degenerate, 0.0, k[best] / count)
+    return EnergyCalibration(threshold, m_clean, m_noisy, fraction, degenerate)
+
+
+def degenerate_division(clean: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    """Whether a batch's clean split divides nothing: no real pair clean, or every one.
+
+    Args:
+      clean: bool ``[B]``, one direction's clean split.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      bool scalar (``False`` for a batch without a real pair).
+    """
+    clean = jnp.asarray(clean, bool)
+    valid = valid_rows(clean.shape[0], where)
+    selected = (clean & valid).sum()
+    return valid.any() & ((selected == 0) | (selected == valid.sum()))

@@ -1,0 +1,236 @@
+r"""Evidential and trusted-robust objectives (UGNCL; the EDL loss of DECL and TMC).
+
+* :func:`edl_loss`: the evidential loss of each query, the Dirichlet's expected squared
+  error plus the weighted KL to the uniform Dirichlet of its non-target evidence (Eqs.
+  12-14), from log-evidence (``ncljax.evidence``);
+* :func:`top_k_mean`: the mean of each row's ``k`` largest entries, ``k`` traced (no
+  recompilation as the count anneals);
+* :func:`trusted_robust_loss` (Eq. 16, per pair, the intended orientation) and
+  :func:`trl_warmup_loss`;
+* :func:`ugncl_loss`: the overall objective of a batch over ``W`` views (Eq. 18), training
+  and warm-up.
+
+Per-pair values ``[K]``; padding pairs get 0.
+
+Equations: ``ugncl.md`` sections 3.6-3.9 of the ncljax specs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from ncljax import evidence
+from ncljax.losses.ranking import hinge_costs
+
+_SG = jax.lax.stop_gradient
+# The codes of UGNCL's four sets (Eqs. 8-11), which ``ncljax.labels.ugncl`` divides the
+# pairs into and :func:`trusted_robust_loss` reads.
+CLEAN, NOISY, HARD_CLEAN, HARD_NOISY = 0, 1, 2, 3
+EDL_VIEW_AGGREGATIONS = ("per_view_mean", "dst")
+
+
+def edl_loss(
+    log_e: ArrayLike,
+    target: ArrayLike,
+    *,
+    kl_weight: float = 0.1,
+    where: ArrayLike | None = None,
+) -> jax.Array:
+    r"""Evidential loss of each query (UGNCL Eq. 14; Sensoy et al. 2018).
+
+    .. math::
+
+        \mathcal L_{edl} = \mathcal L_{ls}(\alpha, y)
+            + \xi_1 \mathrm{KL}[\mathrm{Dir}(\tilde\alpha) \| \mathrm{Dir}(1)], \qquad
+        \tilde\alpha = y + (1 - y) \odot \alpha
+
+    Args:
+      log_e: ``[Q, K]`` log-evidence of each query over the ``K`` classes.
+      target: ``[Q, K]`` targets ``y`` in ``[0, 1]`` (a constant).
+      kl_weight: :math:`\xi_1` (0.1, constant).
+      where: optional bool ``[K]``, the real classes.
+
+    Returns:
+      ``[Q]``.
+    """
+    log_e = jnp.asarray(log_e)
+    target = _SG(jnp.asarray(target, log_e.dtype))
+    squared = evidence.edl_squared_error(log_e, target, where=where)
+    log_a = evidence.log_alpha(log_e)
+    # log(y + (1 - y) alpha), exact at y = 0 and y = 1.
+    log_a_tilde = jnp.logaddexp(jnp.log(target), jnp.log1p(-target) + log_a)
+    kl = evidence.dirichlet_kl_uniform(log_a_tilde, where=where)
+    return squared + kl_weight * kl
+
+
+def top_k_mean(costs: ArrayLike, k: ArrayLike) -> jax.Array:
+    r"""Mean of the ``k`` largest entries of each row: :math:`\frac1k \mathrm{Top}_k(c_{i,:})`.
+
+    ``k`` may be traced (a mask over the sorted row): changing it does not recompile.
+    """
+    costs = jnp.asarray(costs)
+    ordered = -jnp.sort(-costs, axis=-1)
+    k = jnp.asarray(k, jnp.int32)
+    keep = jnp.arange(costs.shape[-1]) < k
+    return jnp.where(keep, ordered, 0.0).sum(-1) / jnp.maximum(k, 1).astype(costs.dtype)
+
+
+def trusted_robust_loss(
+    sim: ArrayLike,
+    codes: ArrayLike,
+    margins: ArrayLike,
+    num_negatives: ArrayLike,
+    *,
+    where: ArrayLike | None = None,
+) -> jax.Array:
+    r"""Trusted robust loss of each pair (UGNCL Eq. 16 with the determined sets; Sec. 3.8).
+
+    .. math::
+
+        \ell_i = \begin{cases}
+            \max_j a_{ij} + \max_j c_{ij} & i \in S_C \;(g_i = \gamma) \\
+            \frac1\lambda \big(\mathrm{Top}_\lambda(a_{i,:}) + \mathrm{Top}_\lambda(c_{i,:})\big)
+                & i \in S_H \;(g_i = \tilde\gamma_i) \\
+            0 & i \in S_N
+        \end{cases}
+
+    with :math:`a_{ij} = [g_i - S_{ii} + S_{ij}]_+` (image ``i`` against caption ``j``) and
+    :math:`c_{ij} = [g_i - S_{ii} + S_{ji}]_+` (caption ``i`` against image ``j``), both using
+    the pair's own margin and ``a_ii = c_ii = 0``. This is the intended orientation; the
+    released code takes the caption queries' maxima over the clean images' rows and the
+    hard captions' top-``lambda`` along image rows (``ugncl.md`` Sec. 8, item 4).
+
+    Args:
+      sim: ``[K, K]`` similarities (``tanh`` of the raw scores), rows images.
+      codes: ``[K]`` partition codes (``ncljax.labels.ugd_partition``).
+      margins: ``[K]`` per-pair margins (``trusted_margins``: ``gamma`` on ``S_C``).
+      num_negatives: :math:`\lambda` (traced int).
+      where: optional bool ``[K]``, the real pairs.
+
+    Returns:
+      ``[K]`` per-pair loss (summed over the batch in Eq. 18).
+    """
+    codes = jnp.asarray(codes)
+    cost_i2t, cost_t2i = hinge_costs(sim, _SG(jnp.asarray(margins)), where=where)
+    hardest = cost_i2t.max(-1) + cost_t2i.max(-1)
+    top = top_k_mean(cost_i2t, num_negatives) + top_k_mean(cost_t2i, num_negatives)
+    hard = (codes == HARD_CLEAN) | (codes == HARD_NOISY)
+    return jnp.where(codes == CLEAN, hardest, jnp.where(hard, top, 0.0))
+
+
+def trl_warmup_loss(
+    sim: ArrayLike,
+    num_negatives: ArrayLike,
+    *,
+    margin: float = 0.2,
+    where: ArrayLike | None = None,
+) -> jax.Array:
+    r"""Warm-up trusted robust loss: every pair's top-``lambda`` mean with the constant margin.
+
+    .. math::
+
+        \ell_i = \frac1\lambda \big(\mathrm{Top}_\lambda(a_{i,:})
+                 + \mathrm{Top}_\lambda(c_{i,:})\big)
+    """
+    cost_i2t, cost_t2i = hinge_costs(sim, margin, where=where)
+    return top_k_mean(cost_i2t, num_negatives) + top_k_mean(cost_t2i, num_negatives)
+
+
+class UGNCLTerms(NamedTuple):
+    """The parts of :func:`ugncl_loss` per pair ``[K]``: ``evidential`` (both directions,
+    aggregated over views) and ``robust`` (the trusted robust loss summed over views)."""
+
+    evidential: jax.Array
+    robust: jax.Array
+
+
+def ugncl_loss(
+    log_e_views: ArrayLike,
+    sim_views: ArrayLike,
+    *,
+    labels: ArrayLike | None = None,
+    codes: ArrayLike | None = None,
+    margins: ArrayLike | None = None,
+    num_negatives: ArrayLike,
+    warmup: bool = False,
+    margin: float = 0.2,
+    kl_weight: float = 0.1,
+    robust_weight: float = 0.8,
+    edl_view_aggregation: str = "per_view_mean",
+    where: ArrayLike | None = None,
+) -> tuple[jax.Array, UGNCLTerms]:
+    r"""UGNCL's overall objective of a batch (Eq. 18) as per-pair shares.
+
+    Training: :math:`\mathcal L = \mathcal L_e + \xi_2 \sum_w \sum_i \ell^w_i` with the
+    evidential part averaged over the batch and (``'per_view_mean'``, the code) over views,
+    :math:`\mathcal L_e = \frac1W \sum_w \frac1K \sum_i [\mathcal L_{edl}(\alpha^{w,i2t}_i,
+    \mathbf y_i) + \mathcal L_{edl}(\alpha^{w,t2i}_i, \mathbf y_i)]`, or (``'dst'``, the
+    paper) on the Dempster-Shafer fusion of the views' opinions per direction. The target
+    of query ``i`` is :math:`\tilde y_i` on class ``i`` and 0 elsewhere.
+    Warm-up (the code): every label 1, the evidential part *summed* over views, and the
+    top-``lambda`` loss on every pair with the constant margin.
+
+    The returned shares are :math:`\mathcal L^{e}_i + \xi_2 K \sum_w \ell^w_i`: their mean
+    over the ``K`` real pairs (the trainer's ``'mean'`` reduction) is :math:`\mathcal L`.
+
+    Args:
+      log_e_views: ``[W, K, K]`` log-evidence (rows images).
+      sim_views: ``[W, K, K]`` similarities of the ranking loss (``tanh`` of the raw scores).
+      labels: ``[K]`` :math:`\tilde y` (training; constants).
+      codes: ``[K]`` partition codes (training).
+      margins: ``[K]`` trusted margins (training).
+      num_negatives: :math:`\lambda` (traced int).
+      warmup: the warm-up objective.
+      margin: :math:`\gamma` of the warm-up loss.
+      kl_weight: :math:`\xi_1`.
+      robust_weight: :math:`\xi_2`.
+      edl_view_aggregation: ``'per_view_mean'`` or ``'dst'``.
+      where: optional bool ``[K]``, the real pairs.
+
+    Returns:
+      ``(shares [K], UGNCLTerms)``.
+    """
+    log_e_views, sim_views = jnp.asarray(log_e_views), jnp.asarray(sim_views)
+    if log_e_views.ndim != 3 or log_e_views.shape[1] != log_e_views.shape[2]:
+        raise ValueError(f"log_e_views must be [W, K, K], got {log_e_views.shape}")
+    if sim_views.shape != log_e_views.shape:
+        raise ValueError(
+            f"sim_views {sim_views.shape} and log_e_views {log_e_views.shape} must match"
+        )
+    if edl_view_aggregation not in EDL_VIEW_AGGREGATIONS:
+        raise ValueError(
+            f"edl_view_aggregation must be one of {EDL_VIEW_AGGREGATIONS}, "
+            f"got {edl_view_aggregation!r}"
+        )
+    num_views, num = log_e_views.shape[0], log_e_views.shape[-1]
+    valid = jnp.ones(num, bool) if where is None else jnp.asarray(where, bool)
+    real = valid.sum()
+    y = jnp.ones(num, log_e_views.dtype) if warmup else _SG(jnp.asarray(labels, log_e_views.dtype))
+    target = jnp.eye(num, dtype=log_e_views.dtype) * y[:, None]
+
+    def both_directions(log_e):
+        return edl_loss(log_e, target, kl_weight=kl_weight, where=valid) + edl_loss(
+            log_e.T, target, kl_weight=kl_weight, where=valid
+        )
+
+    if edl_view_aggregation == "dst" and num_views > 1:
+        evidential = both_directions(evidence.fuse_log_evidence(log_e_views, real))
+    else:
+        per_view = jax.vmap(both_directions)(log_e_views)
+        evidential = per_view.sum(0) if warmup else per_view.mean(0)
+    if warmup:
+        robust = jax.vmap(lambda s: trl_warmup_loss(s, num_negatives, margin=margin, where=valid))(
+            sim_views
+        ).sum(0)
+    else:
+        robust = jax.vmap(
+            lambda s: trusted_robust_loss(s, codes, margins, num_negatives, where=valid)
+        )(sim_views).sum(0)
+    evidential = jnp.where(valid, evidential, 0.0)
+    robust = jnp.where(valid, robust, 0.0)
+    shares = evidential + robust_weight * real.astype(robust.dtype) * robust
+    return shares, UGNCLTerms(evidential, robust)

@@ -1,0 +1,480 @@
+"""The trainer's evaluator: runs a ``TrainState``'s networks over a split (encode in batches,
+then score in chunks) with the metrics of ``ncljax.evaluate``, which defines them all.
+
+Each ``config.eval.kind`` is an :class:`EvalKind` of ``EVAL_KINDS`` (``eval_kind(config)``):
+its scorer, the validation metric that selects the best epoch, its one-line log summary and
+its check that a split is large enough for its metrics."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from ncljax import backend, evaluate, models
+from ncljax.data import pipeline, sources
+from ncljax.train import mesh as mesh_lib
+from ncljax.train import step as step_lib
+from ncljax.train.state import TrainState
+
+
+def _image_repr(model, batch):
+    return {k: v for k, v in model.encode_image(batch).items() if k in model.image_keys}
+
+
+def _text_repr(model, batch):
+    return {k: v for k, v in model.encode_text(batch).items() if k in model.text_keys}
+
+
+def _with_labels(forward):
+    """``forward`` per network, plus the batch labels (global arrays, in batch order)."""
+    return lambda params, model_state, batch: (forward(params, model_state, batch), batch["label"])
+
+
+# Items whose total variance is below this fraction of their mean square are (nearly) all the
+# same: the spread of their similarities is ~1e-3 of their scale or less.
+COLLAPSE_RATIO = 1e-6
+
+
+@jax.jit
+def _relative_variance(tree: Any) -> Any:
+    """Per leaf ``[n, K, ...]``: ``[K]`` variance over items (summed over features) / mean square.
+
+    ``sum_f Var_n(x[:, k, f]) / sum_f mean_n(x[:, k, f]^2)``, 0 for all-zero items.
+    """
+
+    def ratio(x):
+        x = x.reshape(x.shape[0], x.shape[1], -1).astype(jnp.float32)
+        variance = jnp.sum(jnp.var(x, axis=0), axis=-1)
+        mean_square = jnp.sum(jnp.mean(jnp.square(x), axis=0), axis=-1)
+        return jnp.where(mean_square > 0, variance / jnp.where(mean_square > 0, mean_square, 1), 0)
+
+    return jax.tree.map(ratio, tree)
+
+
+def warn_if_collapsed(representations: dict[str, dict], split_name: str) -> None:
+    """Logs a warning per modality whose representations are (nearly) the same for every item.
+
+    A floating leaf ``[n, K, ...]`` (``n > 1`` items, ``K`` networks) is collapsed when its
+    variance over items, summed over features, is at most ``COLLAPSE_RATIO`` times its mean
+    square for some network: a collapsed encoder or constant inputs, which tie every
+    similarity of a query.
+    One jitted reduction and one host transfer for all modalities; never raises on odd leaves
+    (integer or boolean ones, e.g. masks, are skipped).
+
+    Args:
+      representations: modality name (``'image'``, ``'text'``) -> dict of ``[n, K, ...]``
+        arrays, as :meth:`Evaluator.encode` produces them.
+      split_name: named in the warning.
+    """
+    leaves = {
+        modality: {
+            key: x
+            for key, x in tree.items()
+            if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2 and x.shape[0] > 1
+        }
+        for modality, tree in representations.items()
+    }
+    ratios = jax.device_get(_relative_variance(leaves))
+    for modality, tree in ratios.items():
+        collapsed = {
+            key: float(np.min(r)) for key, r in tree.items() if np.min(r) <= COLLAPSE_RATIO
+        }
+        if collapsed:
+            logging.warning(
+                "evaluation: the %s representations of split %r are (nearly) the same for every "
+                "item (variance / mean square across items: %s; threshold %g); the model has "
+                "probably collapsed and its retrieval metrics are near chance level.",
+                modality,
+                split_name,
+                ", ".join(f"{key} {value:.3g}" for key, value in collapsed.items()),
+                COLLAPSE_RATIO,
+            )
+
+
+def _recall_problem(split_name: str, num_images: int, cpi: int, hint) -> str | None:
+    needed = evaluate.recall_min_images(cpi)
+    if num_images >= needed:
+        return None
+    k = max(evaluate.RECALL_KS)
+    return (
+        f"the {split_name} split holds {_count(num_images, 'image')} "
+        f"({_count(num_images * cpi, 'caption')}), too few for Recall@{k} "
+        "(eval.kind='recall'): each text->image query ranks the split's images and each "
+        f"image->text query its captions, and with fewer than {k} wrong candidates R@{k} is "
+        f"100 by construction; that takes at least {needed} images: {hint(needed)}"
+    )
+
+
+def _map_problem(split_name: str, labels: np.ndarray, hint) -> str | None:
+    classes = np.unique(labels)
+    if labels.size >= 2 and classes.size >= 2:
+        return None
+    held = _count(labels.size, "item")
+    if labels.size:
+        held += f" of the single class {int(classes[0])}"
+    return (
+        f"the {split_name} split holds {held}, too few for mAP@all (eval.kind='map'): with "
+        "one class every candidate is relevant to every query and mAP is 1 by construction; "
+        f"it needs items of at least 2 classes, e.g. a larger split: "
+        f"{hint(max(2, labels.size + 1))}"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _recall_split_problem(dataset, config, split_name: str, hint) -> str | None:
+    """Recall@K: too few images, or (``eval.recall.coco_5fold``) a test split of partial folds."""
+    num_images = dataset.info.split_sizes[split_name][0]
+    fold = evaluate.COCO_FOLD_IMAGES
+    if config.eval.recall.coco_5fold and split_name == "test" and num_images % fold:
+        raise ValueError(
+            f"Invalid config: eval.recall.coco_5fold=True scores the test split in folds of "
+            f"{fold} images, but it holds {num_images}; set eval.recall.coco_5fold=False."
+        )
+    return _recall_problem(split_name, num_images, dataset.info.captions_per_image, hint)
+
+
+def _map_split_problem(dataset, config, split_name: str, hint) -> str | None:
+    """mAP@all: fewer than two classes (or items)."""
+    del config
+    return _map_problem(split_name, np.asarray(dataset.split(split_name).image_labels()), hint)
+
+
+def check_splits(dataset, config, split_names: Sequence[str] = ("val", "test")) -> None:
+    """Refuses a split on which the ``config.eval.kind`` metrics do not depend on the model.
+
+    Recall@K: fewer images than ``evaluate.recall_min_images`` (11 for R@10) makes some
+    R@K 100 by construction, and a validation rSum constant across epochs selects the
+    first. mAP@all: a split of fewer than two classes (or items) scores 1 by construction.
+    ``eval.recall.coco_5fold`` needs a test split of whole 1,000-image folds (each fold then holds
+    enough images). Each kind's check is its ``EvalKind.split_problem``.
+
+    Raises:
+      ValueError: one line naming the split, its size, the metric, the size it needs and
+        the config field to change (``sources.size_hint``).
+    """
+    kind = eval_kind(config)
+    for name in split_names:
+        if name not in dataset.info.split_sizes:
+            continue
+        hint = functools.partial(sources.size_hint, config.data, name)
+        problem = kind.split_problem(dataset, config, name, hint)
+        if problem:
+            raise ValueError(f"Invalid config: {problem}.")
+
+
+def _mean(x: jax.Array, axis: int = 0) -> jax.Array:
+    return jnp.mean(x, axis)
+
+
+def _log_mean_exp(x: jax.Array, axis: int = 0) -> jax.Array:
+    return jax.nn.logsumexp(x, axis) - jnp.log(x.shape[axis])
+
+
+# ``Method.eval_pool`` -> ``pool(x, axis=0)``: how the (transformed) similarities of views,
+# networks and runs are combined.
+POOLS: dict[str, Callable[..., jax.Array]] = {"mean": _mean, "logmeanexp": _log_mean_exp}
+
+
+def _check_pool(pool: str) -> None:
+    if pool not in POOLS:
+        raise ValueError(f"Unknown evaluation pool {pool!r}; known: {sorted(POOLS)}.")
+
+
+def _network_similarity(graphdef, transform, pool, params, image_block, text_block):
+    """``pool`` of ``transform(sim)`` over every view of every network; blocks are
+    ``[n, K, ...]``."""
+    params, model_state = params
+    # The word mask follows the tokens, the same in every network: passed unbatched, so
+    # the SGRAF head's length grouping stays one branch per chunk under vmap (a batched
+    # branch index would run every branch).
+    shared = {k: v[:, 0] for k, v in text_block.items() if k == "mask"}
+    text_block = {k: v for k, v in text_block.items() if k not in shared}
+
+    def one(p, s, image, text, shared):
+        model = nnx.merge(graphdef, p, s)
+        sim = model.similarity(image, {**text, **shared})
+        views = sim if getattr(model, "num_views", 1) > 1 else sim[None]  # [W, n, m]
+        return jnp.stack([transform(view) for view in views])
+
+    sims = jax.vmap(one, in_axes=(0, 0, 1, 1, None))(
+        params, model_state, image_block, text_block, shared
+    )
+    return POOLS[pool](sims.reshape(-1, *sims.shape[2:]), axis=0)
+
+
+class Evaluator:
+    """Scores a ``TrainState`` on the splits of a dataset (Recall@K/rSum or mAP@all).
+
+    The similarities of every image view of every network are ``transform``-ed and
+    combined by ``pool`` (a name in ``POOLS``; mAP, which needs ``'mean'``: the cosine of
+    the concatenated unit embeddings, i.e. the mean cosine over networks).
+
+    Built before training: a validation or test split too small for the metrics is refused
+    then (``check_splits``), not scored.
+    """
+
+    def __init__(
+        self,
+        graphdef,
+        dataset,
+        config,
+        mesh,
+        *,
+        transform: Callable,
+        fields,
+        pool: str = "mean",
+    ):
+        _check_pool(pool)
+        check_splits(dataset, config)
+        self._pool = pool
+        self._dataset = dataset
+        self._config = config
+        self._mesh = mesh
+        self._image_fields, self._text_fields = fields
+        self._sharding = mesh_lib.batch_sharding(mesh)
+        options = backend.compiler_options()
+        self._encode_image = jax.jit(
+            _with_labels(step_lib.make_forward(graphdef, _image_repr)), compiler_options=options
+        )
+        self._encode_text = jax.jit(
+            _with_labels(step_lib.make_forward(graphdef, _text_repr)), compiler_options=options
+        )
+        # One function object for the run, so evaluation compiles once.
+        self._sim_fn = functools.partial(_network_similarity, graphdef, transform, pool)
+
+    @classmethod
+    def of_method(cls, graphdef, dataset, config, mesh, method) -> Evaluator:
+        """The evaluator of a run of ``method`` (its ``eval_transform`` and ``eval_pool``)
+        over the batch fields its ``config.model`` reads: the trainer's and a finished
+        run's (``ensemble.load_run``) are the same."""
+        return cls(
+            graphdef,
+            dataset,
+            config,
+            mesh,
+            transform=method.eval_transform,
+            fields=models.input_fields(config.model),
+            pool=method.eval_pool,
+        )
+
+    def _encode(self, encode, state, record_fn, n):
+        cfg = self._config
+        outputs, labels = [], []
+        dataset = pipeline.batches(
+            record_fn, n, batch_size=cfg.eval.batch_size, num_threads=cfg.data.num_threads
+        )
+        with pipeline.reading(dataset) as batches:
+            for batch in batches:
+                device_batch = pipeline.to_device(batch, self._sharding)
+                out, label = encode(state.params, state.model_state, device_batch)
+                outputs.append(out)
+                labels.append(label)
+        # [K, n, ...] -> [n, K, ...]: the evaluator's blocks take rows along the leading axis.
+        out = jax.tree.map(lambda *xs: jnp.moveaxis(jnp.concatenate(xs, 1)[:, :n], 0, 1), *outputs)
+        labels = jnp.concatenate(labels)[:n]
+        if jax.process_count() > 1:  # every process scores the whole split
+            out, labels = multihost_utils.process_allgather((out, labels), tiled=True)
+        return out, np.asarray(labels)
+
+    def encode(self, state: TrainState, split_name: str) -> Encoded:
+        """Every image and caption of a split, encoded by every network of ``state``.
+
+        Logs a warning (:func:`warn_if_collapsed`) when a modality's representations do not
+        vary across the split's items.
+        """
+        split = self._dataset.split(split_name)
+        images, image_labels = self._encode(
+            self._encode_image,
+            state,
+            pipeline.image_records(split, self._image_fields),
+            split.num_images,
+        )
+        texts, text_labels = self._encode(
+            self._encode_text,
+            state,
+            pipeline.caption_records(split, self._text_fields),
+            split.num_captions,
+        )
+        warn_if_collapsed({"image": images, "text": texts}, split_name)
+        return Encoded(
+            images,
+            texts,
+            image_labels,
+            text_labels,
+            split.captions_per_image,
+            self._sim_fn,
+            (state.params, state.model_state),
+            self._pool,
+        )
+
+    def __call__(self, state: TrainState, split_name: str) -> dict[str, float]:
+        return score([self.encode(state, split_name)], self._config, self._mesh, split_name)
+
+
+class Encoded(NamedTuple):
+    """A split encoded by one run: representations ``[n, K, ...]`` and how to score them
+    (``pool``: the name in ``POOLS`` that combines its views and networks)."""
+
+    images: Any
+    texts: Any
+    image_labels: np.ndarray
+    text_labels: np.ndarray
+    captions_per_image: int
+    sim_fn: Callable
+    params: Any
+    pool: str = "mean"
+
+
+def _ensemble_similarity(sim_fns, pool, params, images, texts):
+    """``pool`` over runs of each run's (pooled) similarity of the blocks."""
+    sims = [f(p, i, t) for f, p, i, t in zip(sim_fns, params, images, texts, strict=True)]
+    return POOLS[pool](jnp.stack(sims), axis=0)
+
+
+def _score_map(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
+    """mAP@all over the mean cosine of every network of every run (needs ``pool='mean'``
+    and one embedding per image: no image views)."""
+    del split_name
+    if runs[0].pool != "mean" or any(r.images["emb"].ndim != r.texts["emb"].ndim for r in runs):
+        raise ValueError(
+            "eval.kind='map' scores the mean cosine of embeddings: it needs a method whose "
+            f"eval_pool is 'mean' (not {runs[0].pool!r}) and models without image views."
+        )
+    emb_image = jnp.concatenate([flatten_networks(r.images["emb"]) for r in runs], 1)
+    emb_text = jnp.concatenate([flatten_networks(r.texts["emb"]) for r in runs], 1)
+    scale = 1.0 / np.sqrt(len(runs))
+    return evaluate.category_retrieval_metrics(
+        emb_image * scale,
+        runs[0].image_labels,
+        emb_text * scale,
+        runs[0].text_labels,
+        mesh=mesh,
+    )
+
+
+def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
+    """Recall@K/rSum of the pooled runs' similarities (COCO: 5-fold 1K on test)."""
+    if len(runs) == 1:  # the run's own sim_fn object: its compilation is reused every epoch
+        sim_fn, images, texts, params = (
+            runs[0].sim_fn,
+            runs[0].images,
+            runs[0].texts,
+            runs[0].params,
+        )
+    else:
+        sim_fn = functools.partial(
+            _ensemble_similarity, tuple(r.sim_fn for r in runs), runs[0].pool
+        )
+        images, texts = tuple(r.images for r in runs), tuple(r.texts for r in runs)
+        params = tuple(r.params for r in runs)
+    kwargs = dict(
+        captions_per_image=runs[0].captions_per_image,
+        image_chunk=config.eval.recall.image_chunk,
+        text_chunk=config.eval.recall.text_chunk,
+        params=params,
+        mesh=mesh,
+    )
+    if config.eval.recall.coco_5fold and split_name == "test":
+        folds = evaluate.coco_5fold_metrics(sim_fn, images, texts, **kwargs)
+        full = evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
+        return {**folds, **{f"full_{k}": v for k, v in full.items()}}
+    return evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
+
+
+# Noise-detection quality, logged after a kind's own metrics when a method estimates it.
+NOISE_SUMMARY_KEYS = ("noise_auc", "noise_precision", "noise_recall")
+
+
+class EvalKind(NamedTuple):
+    """One ``config.eval.kind``: its metrics, how it selects the best epoch and what it needs.
+
+    Attributes:
+      name: the ``config.eval.kind`` value.
+      selection: the validation metric whose maximum selects the best epoch.
+      summary_keys: the metrics of the one-line log summary, in order.
+      split_problem: ``(dataset, config, split_name, hint) -> message or None``; the reason
+        a split is too small for these metrics (``hint(n)``: the config field to change, as
+        ``sources.size_hint``). It may raise ``ValueError`` itself.
+      score: ``(runs, config, mesh, split_name) -> metrics`` of :class:`Encoded` runs.
+    """
+
+    name: str
+    selection: str
+    summary_keys: tuple[str, ...]
+    split_problem: Callable[..., str | None]
+    score: Callable[..., dict[str, float]]
+
+    def summary(self, metrics: dict) -> str:
+        """``key=value`` of the summary keys (then the noise-detection ones) in ``metrics``."""
+        keys = self.summary_keys + tuple(k for k in NOISE_SUMMARY_KEYS if k in metrics)
+        return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
+
+
+# ``eval.kind`` -> its :class:`EvalKind`.
+EVAL_KINDS: dict[str, EvalKind] = {  # one per kind of ``ncljax.evaluate.kinds.KIND``
+    "recall": EvalKind(
+        name="recall",
+        selection="rsum",
+        summary_keys=("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"),
+        split_problem=_recall_split_problem,
+        score=_score_recall,
+    ),
+    "map": EvalKind(
+        name="map",
+        selection="map_avg",
+        summary_keys=("map_avg", "map_i2t", "map_t2i"),
+        split_problem=_map_split_problem,
+        score=_score_map,
+    ),
+}
+
+
+def eval_kind(config) -> EvalKind:
+    """The :class:`EvalKind` of ``config.eval.kind``.
+
+    Raises:
+      ValueError: an unknown kind.
+    """
+    kind = config.eval.kind
+    if kind not in EVAL_KINDS:
+        raise ValueError(f"eval.kind must be one of {tuple(EVAL_KINDS)}, got {kind!r}.")
+    return EVAL_KINDS[kind]
+
+
+def score(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
+    """The ``config.eval.kind`` metrics of one run's encodings, or of an ensemble of runs.
+
+    An ensemble scores the runs' similarities combined by their shared pool (the mean for
+    SGRAF's SGR and SAF models); mAP uses the mean cosine over every network of every run.
+
+    Raises:
+      ValueError: for runs whose pools differ, or mAP with a pool other than the mean.
+    """
+    pools = list(dict.fromkeys(r.pool for r in runs))  # in the order of the runs
+    if len(pools) > 1:
+        raise ValueError(
+            f"The runs combine similarities differently ({' vs '.join(pools)}); an ensemble "
+            "needs one rule (Method.eval_pool)."
+        )
+    return eval_kind(config).score(runs, config, mesh, split_name)
+
+
+def flatten_networks(emb: jax.Array) -> jax.Array:
+    r"""``[n, K, D]`` unit embeddings -> ``[n, K * D]`` whose cosine is the mean over networks.
+
+    Each network's embedding is scaled by :math:`1 / \sqrt K`, so the rows stay unit vectors
+    and their dot product is :math:`\frac1K \sum_k u_k^\top v_k` (the mAP embeddings, and
+    those that ``ncljax.retrieve`` exports).
+    """
+    return emb.reshape(emb.shape[0], -1) / np.sqrt(emb.shape[1])

@@ -1,0 +1,109 @@
+"""The per-epoch estimation step: a statistics pass over the training set, then each
+network's ``refresh_fn``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ncljax import backend
+from ncljax.data import pipeline
+from ncljax.methods import base
+from ncljax.methods.base import RefreshContext
+from ncljax.train import mesh as mesh_lib
+from ncljax.train import state as state_lib
+from ncljax.train import step as step_lib
+
+
+def _scatter_stats(buffers, index, values):
+    """Writes per-network values ``[K, B, ...]`` at ``index`` (padding ``N`` is dropped)."""
+    return jax.tree.map(lambda b, v: b.at[:, index].set(v, mode="drop"), buffers, values)
+
+
+class Refresher:
+    """Runs a method's per-epoch estimation: statistics pass, then ``refresh_fn`` per network.
+
+    The statistics pass is an eval-mode forward over the training pairs in batches of the
+    training size, in a fresh shuffle each epoch (in-batch quantities such as a loss
+    against the other pairs, or a ``B``-class evidence, then mean what they mean in
+    training); the results are scattered back to index order and replicated.
+    """
+
+    def __init__(self, graphdef, method, pairs, mesh, config, num_epochs):
+        self._method = method
+        self._pairs = pairs
+        self._mesh = mesh
+        self._config = config
+        self._num_epochs = num_epochs
+        if method.stats_fn is not None:
+
+            def stats(model, batch, memory_state):
+                outputs = method.forward_fn(
+                    model, batch, memory_state, train=False, rngs=None, phase=base.STATS
+                )
+                return method.stats_fn(outputs, batch)
+
+            self._stats = jax.jit(
+                step_lib.make_forward(graphdef, stats),
+                compiler_options=backend.compiler_options(),
+            )
+            self._scatter = jax.jit(
+                _scatter_stats, donate_argnums=0, out_shardings=mesh_lib.replicated(mesh)
+            )
+
+    def _collect_stats(self, state, epoch: int):
+        cfg, n = self._config, self._pairs.num_records
+        seed = int(np.random.SeedSequence([cfg.seed, 2, epoch]).generate_state(1)[0])
+        buffers = None
+        dataset = pipeline.batches(
+            self._pairs.record_fn,
+            n,
+            batch_size=cfg.train.batch_size,
+            seed=seed,
+            num_threads=cfg.data.num_threads,
+        )
+        with pipeline.reading(dataset) as batches:
+            for batch in batches:
+                device_batch = pipeline.to_device(batch, mesh_lib.batch_sharding(self._mesh))
+                values = self._stats(
+                    state.params, state.model_state, device_batch, state.memory.state
+                )
+                if buffers is None:
+                    buffers = jax.tree.map(
+                        lambda v: jnp.zeros((v.shape[0], n, *v.shape[2:]), v.dtype), values
+                    )
+                buffers = self._scatter(buffers, device_batch["index"], values)
+        return buffers
+
+    def _fetch(self, indices) -> dict[str, jax.Array]:
+        records = [self._pairs.record_fn(int(i)) for i in np.asarray(indices)]
+        stacked = {k: np.stack([r[k] for r in records]) for k in records[0]}
+        return mesh_lib.replicate(stacked, self._mesh)
+
+    def __call__(self, state, epoch: int):
+        method = self._method
+        if method.refresh_fn is None:
+            return state, {}
+        stats = self._collect_stats(state, epoch) if method.stats_fn is not None else None
+        num_networks = jax.tree.leaves(state.params)[0].shape[0]
+        key = jax.random.fold_in(jax.random.fold_in(state.rng, step_lib.REFRESH_STREAM), epoch)
+        memories, diagnostics = [], {}
+        for k in range(num_networks):
+            ctx = RefreshContext(
+                epoch=epoch,
+                num_epochs=self._num_epochs,
+                network=k,
+                rng=jax.random.fold_in(key, k),
+                fetch=self._fetch,
+            )
+            memory, diag = method.refresh_fn(
+                state_lib.network(state.memory, k),
+                None if stats is None else state_lib.network(stats, k),
+                ctx,
+            )
+            memories.append(memory)
+            suffix = f"_net{k}" if num_networks > 1 else ""
+            diagnostics.update({f"{name}{suffix}": float(v) for name, v in diag.items()})
+        memory = mesh_lib.replicate(state_lib.stack(memories), self._mesh)
+        return state._replace(memory=memory), diagnostics
