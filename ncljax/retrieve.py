@@ -6,6 +6,7 @@ caption, and (cosine head) the split's embeddings for a vector index.
   python -m ncljax.retrieve --workdir=RUN --query=id:photos/123.jpg   # an image id (vectors)
   python -m ncljax.retrieve --workdir=RUN --query=image:12 --candidates=4,90,311  # re-rank
   python -m ncljax.retrieve --workdir=RUN --export=RUN/embeddings     # cosine head: .npy files
+  python -m ncljax.retrieve --workdir=RUN --query=image_vector:new.npy   # a new image
 
 Queries (``--split``, default ``test``; indices are 0-based positions in the split):
 
@@ -13,7 +14,10 @@ Queries (``--split``, default ``test``; indices are 0-based positions in the spl
 * ``caption:N``: rank the split's images for caption ``N`` (caption ``N`` describes image
   ``N // captions_per_image``);
 * ``id:IMAGE_ID``: ``image:N`` for the first image whose line of ``{split}_image_ids.txt``
-  is ``IMAGE_ID`` (``data.name='vectors'`` folders with that file).
+  is ``IMAGE_ID`` (``data.name='vectors'`` folders with that file);
+* ``image_vector:FILE.npy`` / ``caption_vector:FILE.npy``: a new image's (caption's)
+  vector, ``[D]`` as the folder's, embedded by the run's model (:func:`encode`) and ranked
+  against the split's captions (images) (:func:`query`; cosine head).
 
 The top ``--k`` (default 5) are printed one per line: rank, index, similarity, and for a
 vectors folder the image id and caption text (characters that are not printable, such as
@@ -55,15 +59,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from ncljax import backend, methods
+from ncljax import backend, methods, models
 from ncljax.data import sources
 from ncljax.evaluate import blocks
 from ncljax.methods.base import Method
@@ -71,7 +75,8 @@ from ncljax.train import checkpoint, ensemble
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 
-QUERY_KINDS = ("image", "caption", "id")
+QUERY_KINDS = ("image", "caption", "id", "image_vector", "caption_vector")
+_VECTOR_QUERIES = ("image_vector", "caption_vector")
 PAIRWISE_HEADS = ("sgr", "saf")  # no separable embedding: every pair runs the head
 
 
@@ -88,6 +93,8 @@ class Run(NamedTuple):
       mesh: the mesh the run evaluates on.
       image_ids: ``[num_images]`` display ids, or None (only vectors folders give them).
       captions: ``[num_captions]`` caption texts, or None.
+      encode_items: ``(side, items) -> [n, K, ...]`` representations of new images or
+        captions by the same model (:func:`encode`); None where the run was not loaded.
     """
 
     workdir: str
@@ -98,6 +105,7 @@ class Run(NamedTuple):
     mesh: Mesh
     image_ids: list[str] | None
     captions: list[str] | None
+    encode_items: Callable | None = None
 
     @property
     def num_images(self) -> int:
@@ -145,8 +153,13 @@ def load(workdir: str, split: str = "test") -> Run:
     with jax.set_mesh(mesh):
         evaluator, state = ensemble.load_run(workdir, mesh)
         encoded = evaluator.encode(state, split)
+
+    def encode_items(side: str, items: dict) -> Any:
+        with jax.set_mesh(mesh):
+            return evaluator.encode_items(state, side, items)
+
     image_ids, captions = _display_texts(config, split)
-    return Run(workdir, split, config, method, encoded, mesh, image_ids, captions)
+    return Run(workdir, split, config, method, encoded, mesh, image_ids, captions, encode_items)
 
 
 def _display_texts(config, split: str) -> tuple[list[str] | None, list[str] | None]:
@@ -362,6 +375,108 @@ def embeddings(run: Run) -> tuple[np.ndarray, np.ndarray]:
     return tuple(np.asarray(jax.device_get(x), np.float32) for x in (image, text))
 
 
+def _items(run: Run, side: str, values) -> dict[str, np.ndarray]:
+    """``values`` as the input fields of ``side``: an array of global vectors ``[n, D]``
+    (or a region array ``[n, R, D]``), or a dict of fields; refused in one line when it
+    does not fit the run's model."""
+    image_fields, text_fields = models.input_fields(run.config.model)
+    fields = image_fields if side == "image" else text_fields
+    noun = "images" if side == "image" else "texts"
+    if not isinstance(values, dict):
+        if len(fields) != 1:
+            raise ValueError(
+                f"{run.workdir} reads {noun} as {list(fields)}: pass {noun}= a dict of them."
+            )
+        values = {fields[0]: values}
+    missing = [f for f in fields if f not in values]
+    if missing:
+        raise ValueError(f"{noun}= lacks {missing}; the run's model reads {list(fields)}.")
+    items = {f: np.asarray(values[f]) for f in fields}
+    sizes = {len(v) if v.ndim else 0 for v in items.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"{noun}= needs one or more items along the first axis of each field.")
+    dims = {"global_image": "image_dim", "global_text": "text_dim", "regions": "region_dim"}
+    dataset_info = _dataset_info(run)
+    for field, array in items.items():
+        if field in dims:
+            want = getattr(dataset_info, dims[field])
+            if array.shape[-1] != want or not np.issubdtype(array.dtype, np.number):
+                raise ValueError(
+                    f"{noun}= {field} has shape {array.shape}; the run's model reads "
+                    f"{field} vectors of {want} numbers each (shape [n, {want}])."
+                )
+            if not np.isfinite(array).all():
+                raise ValueError(f"{noun}= {field} holds NaN or infinite values.")
+            items[field] = array.astype(np.float32)
+    return items
+
+
+def _dataset_info(run: Run):
+    return sources.load_dataset(run.config.data).info
+
+
+def encode(run: Run | str, *, images=None, texts=None) -> tuple:
+    r"""New images and captions embedded by a finished run's best model.
+
+    The embeddings are those of :func:`embeddings` (each network's unit embedding,
+    concatenated and scaled by :math:`1 / \sqrt K`): ``image_emb @ text_emb.T`` is the
+    run's similarity, also against the split's own :func:`embeddings`.
+
+    Args:
+      run: a :func:`load`-ed run, or the workdir of a finished run (its test split is
+        loaded).
+      images: ``[n, D]`` image vectors (the folder's ``*_images.npy`` kind), ``[n, R, D]``
+        regions, or a dict of the model's image fields; None: none.
+      texts: ``[m, D]`` caption vectors, or a dict (``tokens`` and ``length``); None: none.
+
+    Returns:
+      ``(image_emb [n, K * D] or None, text_emb [m, K * D] or None)``, float32 numpy.
+
+    Raises:
+      ValueError: the run's similarity is no dot product of embeddings (SGR/SAF heads,
+        image views, a transformed or non-mean pool), or an input that does not fit.
+    """
+    run = load(run) if isinstance(run, str) else run
+    check_exportable(run.config, run.workdir, run.method)
+    if run.encode_items is None:
+        raise ValueError("This Run was not made by retrieve.load; load it to encode new items.")
+    out = []
+    for side, values in (("image", images), ("text", texts)):
+        if values is None:
+            out.append(None)
+            continue
+        rep = run.encode_items(side, _items(run, side, values))
+        flat = evaluator_lib.flatten_networks(rep["emb"])
+        out.append(np.asarray(jax.device_get(flat), np.float32))
+    return tuple(out)
+
+
+def query(run: Run, *, image=None, caption=None) -> Ranking:
+    """The split's captions ranked for a new image vector, or its images for a new caption
+    vector (exactly one of ``image``, ``caption``: one item, e.g. ``[D]``), by the run's
+    similarity (:func:`encode` against :func:`embeddings`), most similar first.
+
+    Raises:
+      ValueError: not exactly one query, or as :func:`encode`.
+    """
+    if (image is None) == (caption is None):
+        raise ValueError("query takes one new item: image=<vector> or caption=<vector>.")
+
+    def one(v):  # a single item -> a batch of one
+        if isinstance(v, dict):
+            return {k: np.asarray(x)[None] for k, x in v.items()}
+        return np.asarray(v)[None]
+
+    image_emb, text_emb = embeddings(run)
+    if image is not None:
+        new, _ = encode(run, images=one(image))
+        scores = (text_emb @ new[0]).astype(np.float32)
+    else:
+        _, new = encode(run, texts=one(caption))
+        scores = (image_emb @ new[0]).astype(np.float32)
+    return _order(scores, np.arange(len(scores)))
+
+
 def embed(workdir: str, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
     """:func:`embeddings` of ``split`` of the finished run in ``workdir``."""
     return embeddings(load(workdir, split))
@@ -464,9 +579,12 @@ def parse_query(query: str) -> tuple[str, str]:
     if not sep or kind not in QUERY_KINDS or not value:
         raise ValueError(
             f"--query={query!r} is not a query; use image:N (rank captions for image N), "
-            "caption:N (rank images for caption N) or id:IMAGE_ID (a line of "
-            "{split}_image_ids.txt)."
+            "caption:N (rank images for caption N), id:IMAGE_ID (a line of "
+            "{split}_image_ids.txt), or image_vector:FILE.npy / caption_vector:FILE.npy (a "
+            "new image's or caption's vector)."
         )
+    if kind in _VECTOR_QUERIES:
+        return kind, value
     if kind != "id" and not (value.isascii() and value.isdigit()):  # '²' is a digit to str
         raise ValueError(f"--query={query!r}: {kind} needs a non-negative integer index.")
     return kind, value
@@ -570,12 +688,48 @@ def run_query(
     if k < 1:
         raise ValueError(f"--k={k} must be at least 1.")
     kind, value = parse_query(query)
+    if kind in _VECTOR_QUERIES:
+        return _run_vector_query(run, kind, value, k)
     if kind == "id":
         kind, index = "image", image_of_id(run, value)
     else:
         index = int(value)
     rank = rank_captions if kind == "image" else rank_images
     return format_ranking(run, kind, index, rank(run, index, candidates), k)
+
+
+def _load_vector(path: str) -> np.ndarray:
+    """The one vector of a ``.npy`` file (``[D]`` or ``[1, D]``), refused in one line."""
+    try:
+        vector = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--query: {path} is not a readable .npy file ({e}).") from None
+    if vector.ndim == 2 and vector.shape[0] == 1:
+        vector = vector[0]
+    if vector.ndim != 1:
+        raise ValueError(
+            f"--query: {path} holds an array of shape {vector.shape}; save one vector ([D])."
+        )
+    return vector
+
+
+def _run_vector_query(run: Run, kind: str, path: str, k: int) -> list[str]:
+    """The printed answer to a new image's or caption's vector (:func:`query`)."""
+    side = "image" if kind == "image_vector" else "caption"
+    ranking = query(run, **{side: _load_vector(path)})
+    noun = "caption" if side == "image" else "image"
+    shown, total = min(k, ranking.index.size), ranking.index.size
+    lines = [f"a new {side} ({path}): top {shown} of {total} {noun}s of split {run.split!r}"]
+    width = len(str(max(run.num_images, run.num_captions) - 1))
+    cpi = run.captions_per_image
+    for rank, (i, s) in enumerate(zip(ranking.index[:k], ranking.score[:k], strict=True), 1):
+        line = f"{rank:>4}  {noun} {i:>{width}}  {s:>8.4f}"
+        if noun == "caption":
+            line += f"  {_image_text(run, i // cpi)}{_caption_text(run, i)}"
+        elif run.image_ids is not None:
+            line += f"  {printable(run.image_ids[i])}"
+        lines.append(line)
+    return lines
 
 
 def main(argv):
@@ -593,7 +747,8 @@ def main(argv):
     try:
         if f.query is None and f.export is None:
             raise ValueError(
-                "Nothing to do: pass --query=image:N, caption:N or id:IMAGE_ID, or --export=DIR."
+                "Nothing to do: pass --query=image:N, caption:N, id:IMAGE_ID, "
+                "image_vector:FILE.npy or caption_vector:FILE.npy, or --export=DIR."
             )
         if f.query is not None:
             parse_query(f.query)  # a malformed query is refused before the run is loaded
@@ -627,7 +782,12 @@ if __name__ == "__main__":
 
     flags.DEFINE_string("workdir", None, "A finished run's directory.")
     flags.DEFINE_string("split", "test", "The split to retrieve from: train, val or test.")
-    flags.DEFINE_string("query", None, "image:N, caption:N or id:IMAGE_ID (vectors folders).")
+    flags.DEFINE_string(
+        "query",
+        None,
+        "image:N, caption:N, id:IMAGE_ID (vectors folders), or a new item's vector: "
+        "image_vector:FILE.npy, caption_vector:FILE.npy (cosine head).",
+    )
     flags.DEFINE_integer("k", 5, "How many of the best candidates to print.")
     flags.DEFINE_string(
         "candidates", None, "Indices to re-rank (comma-separated, or a file of them)."

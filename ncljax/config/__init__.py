@@ -1,5 +1,8 @@
 """The run's configuration: the base config, the kinds and their sections, the checks.
 
+- ``get``: a config by name or path with overrides, as ``ncljax train`` builds it
+  (``get('gsc:vectors', {'data.folder': 'my_pairs'})``; ``files.load``);
+- ``files``: the shipped config files, found by name;
 - ``base``: ``base_config()`` and the helpers config files use (``parse_arg``,
   ``method_kwargs``, ``set_data``, ``switch_dataset``, ``load_file``);
 - ``kinds``: every configurable kind (head, inputs, optimiser, schedule, evaluation,
@@ -20,10 +23,12 @@ from ncljax.config.base import (
     switch_dataset,
     world_of,
 )
+from ncljax.config.files import load as get
 
 __all__ = [
     "PIPELINE_FIELDS",
     "base_config",
+    "get",
     "load_file",
     "method_kwargs",
     "parse_arg",

@@ -9,6 +9,10 @@ is not a file into the shipped file's path.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
 
 # The shipped config files (ncljax/configs; a checkout's configs/ links to it).
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -52,3 +56,55 @@ def resolve(spec: str) -> str:
     if found is None:
         return spec
     return f"{found}:{arg}" if arg else found
+
+
+def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+    """The config ``spec`` names, as ``ncljax train --config=<spec>`` builds it, with
+    ``overrides`` applied as ``--config.<field>=<value>`` would be.
+
+    Args:
+      spec: a shipped config by name or a config file's path, then ``:`` and its argument
+        (``'gsc:vectors'``, ``'vse:synthetic,quick'``, ``'my/config.py:arg'``).
+      overrides: ``{'data.folder': 'my_pairs', 'train.epochs': 5, ...}``; ``data.name``
+        switches the dataset first (its section from that dataset's defaults).
+
+    Returns:
+      The config, not yet checked (``train_and_evaluate`` checks it).
+
+    Raises:
+      FileNotFoundError: no such config file or name.
+      ValueError: a field that does not exist (or was renamed), or a value of another type.
+    """
+    from ncljax.config import base, renames
+
+    path, arg = split(resolve(spec))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"Config file {path} not found; pass an existing file or a shipped config by name "
+            f"({', '.join(names())})."
+        )
+    config = base.load_file(path, arg)
+    overrides = dict(overrides or {})
+    if "data.name" in overrides:  # the data fields are set below, on the new section
+        base.switch_dataset(config, overrides.pop("data.name"))
+    for field, value in overrides.items():
+        old = renames.refusal(field, "")
+        if old is not None:
+            raise ValueError(old)
+        *parents, name = field.split(".")
+        node = config
+        for depth, part in enumerate(parents):
+            if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+                where = ".".join(parents[:depth]) or "the config"
+                raise ValueError(f"{field}: {where} has no section {part!r}.")
+            node = node[part]
+        if name not in node:
+            raise ValueError(
+                f"{field} is not a field; {'.'.join(parents) or 'the config'} has "
+                f"{sorted(node.keys())}."
+            )
+        try:
+            node[name] = value
+        except TypeError as e:
+            raise ValueError(f"{field}={value!r}: {e}") from None
+    return config

@@ -318,6 +318,30 @@ class Evaluator:
             self._pool,
         )
 
+    def encode_items(self, state: TrainState, side: str, items: dict[str, np.ndarray]) -> Any:
+        """New images or captions, not a split's, encoded by every network of ``state``.
+
+        Args:
+          state: the run's state (its best model).
+          side: ``'image'`` or ``'text'``.
+          items: the model's input fields of that side (``global_image`` ``[n, D]``,
+            ``regions`` ``[n, R, D]``, ``global_text`` ``[n, D]``, or ``tokens`` and
+            ``length``), each with the items along the leading axis.
+
+        Returns:
+          The representations ``[n, K, ...]`` (a dict; ``emb`` for the cosine head).
+        """
+        fields = self._image_fields if side == "image" else self._text_fields
+        encode = self._encode_image if side == "image" else self._encode_text
+        n = len(next(iter(items.values())))
+
+        def record(i: int) -> dict:
+            out = {f: np.asarray(items[f][int(i)]) for f in fields}
+            out.update(label=np.int32(0), index=np.int32(i), mask=np.bool_(True))
+            return out
+
+        return self._encode(encode, state, record, n)[0]
+
     def __call__(self, state: TrainState, split_name: str) -> dict[str, float]:
         return score([self.encode(state, split_name)], self._config, self._mesh, split_name)
 
