@@ -127,8 +127,8 @@ def epoch_metrics(run: dict) -> dict[int, dict]:
         acc["pairs"] += n
         for d in DIRECTIONS:
             s = value(row, f"selected_{d}")
-            p = value(row, f"step_noise_precision_{d}")
-            r = value(row, f"step_noise_recall_{d}")
+            p = value(row, f"step_clean_precision_{d}")
+            r = value(row, f"step_clean_recall_{d}")
             hits = p * s * n if s > 0 else 0.0
             acc[f"selected_{d}"] = acc.get(f"selected_{d}", 0.0) + s * n
             acc[f"hits_{d}"] = acc.get(f"hits_{d}", 0.0) + hits

@@ -171,7 +171,7 @@ def epoch_metrics(run: dict) -> dict[int, dict]:
         size = {s: value(row, f"set_{s}") * n for s in SETS}
         right = {}
         for s in SETS:
-            kind = "noise" if s in ("clean", "hard_clean") else "noisy"
+            kind = "clean" if s in ("clean", "hard_clean") else "noisy"
             right[s] = value(row, f"step_{kind}_precision_{s}") * size[s] if size[s] > 0 else 0.0
             acc[f"size_{s}"] = acc.get(f"size_{s}", 0.0) + size[s]
             acc[f"right_{s}"] = acc.get(f"right_{s}", 0.0) + right[s]

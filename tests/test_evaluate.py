@@ -654,21 +654,21 @@ def test_noise_auc_matches_pair_counting_with_ties():
     assert evaluate.noise_detection_metrics(np.zeros(300), clean)["noise_auc"] == 0.5
 
 
-def test_noise_precision_recall_hand_worked():
+def test_clean_precision_recall_hand_worked():
     score = np.array([0.9, 0.8, 0.6, 0.5, 0.3, 0.1])
     clean = np.array([True, False, True, True, False, False])
     # Predicted clean (> 0.5): pairs 0, 1, 2. TP = {0, 2}: precision 2/3, recall 2/3 (pair 3
     # sits on the threshold and is missed). Correct: 0, 2, 4, 5 -> accuracy 4/6.
     # AUC: clean scores (.9, .6, .5) beat noisy (.8, .3, .1) in 3 + 2 + 2 of 9 pairs.
     got = evaluate.noise_detection_metrics(score, clean)
-    assert got["noise_precision"] == pytest.approx(2 / 3, abs=1e-12)
-    assert got["noise_recall"] == pytest.approx(2 / 3, abs=1e-12)
+    assert got["clean_precision"] == pytest.approx(2 / 3, abs=1e-12)
+    assert got["clean_recall"] == pytest.approx(2 / 3, abs=1e-12)
     assert got["noise_accuracy"] == pytest.approx(4 / 6, abs=1e-12)
     assert got["noise_auc"] == pytest.approx(7 / 9, abs=1e-12)
     one_class = evaluate.noise_detection_metrics(score, np.ones(6, bool), threshold=0.95)
     assert np.isnan(one_class["noise_auc"])
-    assert np.isnan(one_class["noise_precision"])  # nothing predicted clean
-    assert one_class["noise_recall"] == 0.0
+    assert np.isnan(one_class["clean_precision"])  # nothing predicted clean
+    assert one_class["clean_recall"] == 0.0
     with pytest.raises(ValueError, match=r"\[N\]"):
         evaluate.noise_detection_metrics(score, clean[:5])
 

@@ -27,8 +27,12 @@ def noise_detection_metrics(
       threshold: the cut for predicted clean (default 0.5).
 
     Returns:
-      ``noise_auc`` (NaN if only one class is present), ``noise_precision`` (NaN if nothing is
-      predicted clean), ``noise_recall`` (NaN if nothing is clean), ``noise_accuracy``.
+      ``noise_auc`` (how well the score ranks clean pairs above noisy ones; NaN if only
+      one class is present), ``clean_precision`` (the share of truly clean pairs among those
+      predicted clean, ``score > threshold``; NaN if nothing is predicted clean; at the
+      start, when every pair is predicted clean, it is ``1 - noise rate``),
+      ``clean_recall`` (the share of the clean pairs predicted clean; NaN if nothing is
+      clean), ``noise_accuracy``.
     """
     score = np.asarray(clean_score, dtype=np.float64)
     mask = np.asarray(clean_mask)
@@ -53,7 +57,7 @@ def noise_detection_metrics(
     num_predicted = int(predicted.sum())
     return {
         "noise_auc": float(auc),
-        "noise_precision": true_positive / num_predicted if num_predicted else float("nan"),
-        "noise_recall": true_positive / num_clean if num_clean else float("nan"),
+        "clean_precision": true_positive / num_predicted if num_predicted else float("nan"),
+        "clean_recall": true_positive / num_clean if num_clean else float("nan"),
         "noise_accuracy": float(np.mean(predicted == mask)),
     }

@@ -310,7 +310,7 @@ class Aux:
         clean, scored against the true mask (precision and recall of ``> 0.5``) in the
         logs only; ``None``: none.
       clean_estimates: several such beliefs by name (e.g. one per retrieval direction),
-        logged as ``step_noise_precision_<name>`` and ``step_noise_recall_<name>``.
+        logged as ``step_clean_precision_<name>`` and ``step_clean_recall_<name>``.
       noisy_estimates: per-pair beliefs that a pair is *noisy* by name (e.g. a method's
         noisy set), logged as ``step_noisy_precision_<name>`` (the share of truly noisy
         pairs among those ``> 0.5``) and ``step_noisy_recall_<name>``.

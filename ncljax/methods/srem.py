@@ -44,7 +44,7 @@ to 4 and unrelated ones (cosine 0-0.2) at -5 to -3, the range of SGRAF's logits 
 which the paper's margins were set; softmax, entropy and argmax only see the temperature.
 
 Diagnostics (logs only, against the true mask): the precision and recall of each
-direction's clean split per step (``step_noise_precision_i2t``, ...), the fraction
+direction's clean split per step (``step_clean_precision_i2t``, ...), the fraction
 selected (``selected_i2t``, ``selected_t2i``), the share of the hinge's positive pull that
 reaches mismatched pairs (``noisy_weight_share``, the paper's noisy gradient ratio: noisy
 pull over total pull, ``null`` in a logging window that pulled nothing), and
@@ -530,7 +530,7 @@ def partner_score(memory: base.Memory) -> jax.Array:
     sits as confidently among its class's captions as a matched one, and ranking pairs by
     ``sigmoid(tau - E)`` (``energy_score``) found the mismatched pairs at chance (AUC 0.54
     on 40%-mismatched digits halves, where this score gives 0.69-0.95 across the real and
-    synthetic folders measured). The logs' ``noise_precision`` and ``noise_recall`` cut it
+    synthetic folders measured). The logs' ``clean_precision`` and ``clean_recall`` cut it
     at 1/2: the pairs whose partner holds more than half of both its rows' probability
     (few early in training; null where none does).
     """

@@ -71,7 +71,7 @@ intended form is implemented with no switch.
 
 Diagnostics (logs only, against the true mask): per step the fraction of each set
 (``set_clean``, ``set_noisy``, ``set_hard_clean``, ``set_hard_noisy``), the precision and
-recall of the determined-clean set (``step_noise_precision_clean``, ...), of the
+recall of the determined-clean set (``step_clean_precision_clean``, ...), of the
 hard-clean set (``..._hard_clean``) and of the noisy sets as noisy
 (``step_noisy_precision_noisy``, ``..._hard_noisy``), the loss terms and ``lambda``;
 after every epoch the uncertainty of clean and noisy pairs (histograms of

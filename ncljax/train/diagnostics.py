@@ -98,7 +98,7 @@ def score_diagnostics(method, state, clean: np.ndarray, workdir: str, epoch: int
     """Scores ``method.diagnostic_scores_fn`` against ``clean``.
 
     Returns the logged metrics of the scores averaged over networks (``noise_auc_<name>``,
-    ``noise_precision_<name>``, ``noise_recall_<name>``, ``<name>_mean_clean``,
+    ``clean_precision_<name>``, ``clean_recall_<name>``, ``<name>_mean_clean``,
     ``<name>_mean_noisy``) and writes, per network (leading axis ``K``), the histograms
     (``<name>_hist_clean``/``<name>_hist_noisy`` ``[K, bins]`` over ``<name>_edges``) and
     the values of the tracked pairs (``<name>_tracked`` ``[K, T]``, with
@@ -119,7 +119,7 @@ def score_diagnostics(method, state, clean: np.ndarray, workdir: str, epoch: int
         scores = np.stack([np.asarray(p[name], np.float64) for p in per_network])
         score = scores.mean(0)
         quality = evaluate.noise_detection_metrics(score, clean)
-        for key in ("noise_auc", "noise_precision", "noise_recall"):
+        for key in ("noise_auc", "clean_precision", "clean_recall"):
             metrics[f"{key}_{name}"] = quality[key]
         metrics[f"{name}_mean_clean"] = float(score[clean].mean())
         metrics[f"{name}_mean_noisy"] = float(score[~clean].mean())

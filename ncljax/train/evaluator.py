@@ -417,7 +417,7 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
 
 
 # Noise-detection quality, logged after a kind's own metrics when a method estimates it.
-NOISE_SUMMARY_KEYS = ("noise_auc", "noise_precision", "noise_recall")
+NOISE_SUMMARY_KEYS = ("noise_auc", "clean_precision", "clean_recall")
 
 
 class EvalKind(NamedTuple):

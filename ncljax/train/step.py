@@ -97,8 +97,8 @@ def streamed_noise_metrics(
     selected = estimate > 0.5
     hits = (selected & clean).astype(jnp.float32)
     return {
-        f"step_noise_precision{suffix}": masking.masked_metric(hits, mask & selected),
-        f"step_noise_recall{suffix}": masking.masked_metric(hits, mask & clean),
+        f"step_clean_precision{suffix}": masking.masked_metric(hits, mask & selected),
+        f"step_clean_recall{suffix}": masking.masked_metric(hits, mask & clean),
     }
 
 
@@ -113,7 +113,7 @@ def _diagnostic_metrics(aux: Aux, batch: dict, clean: jax.Array) -> Metrics:
         metrics |= streamed_noise_metrics(estimate, truth, mask, f"_{name}")
     for name, estimate in aux.noisy_estimates.items():
         found = streamed_noise_metrics(estimate, ~truth, mask, f"_{name}")
-        metrics |= {key.replace("_noise_", "_noisy_", 1): v for key, v in found.items()}
+        metrics |= {key.replace("_clean_", "_noisy_", 1): v for key, v in found.items()}
     logged = aux.applied_weight if aux.applied_weight is not None else aux.weight
     if logged is not None:
         weight = jnp.where(mask, logged, 0.0)

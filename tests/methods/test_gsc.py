@@ -247,7 +247,7 @@ def test_gsc_trains_end_to_end_and_saves_label_diagnostics(tmp_path):
     config.train.progress_bar, config.train.num_devices = False, 1
     config.eval.batch_size = 32
     results = train_and_evaluate(config, str(tmp_path))
-    assert {"rsum", "noise_auc", "noise_precision", "noise_recall"} <= results.keys()
+    assert {"rsum", "noise_auc", "clean_precision", "clean_recall"} <= results.keys()
     files = sorted(glob.glob(os.path.join(tmp_path, "diagnostics", "*.npz")))
     assert [os.path.basename(f) for f in files] == ["epoch_0000.npz", "epoch_0001.npz"]
     with np.load(files[1]) as npz:
@@ -287,7 +287,7 @@ def test_gsc_beats_vse_and_detects_the_noise_on_synthetic_data(tmp_path):
     gsc, vse = results["quickstart"], results["vse"]
     assert gsc["rsum"] > vse["rsum"] + 100, (gsc["rsum"], vse["rsum"])
     assert gsc["noise_auc"] >= 0.9, gsc
-    assert gsc["noise_precision"] >= 0.9, gsc
+    assert gsc["clean_precision"] >= 0.9, gsc
 
 
 @pytest.mark.parametrize(

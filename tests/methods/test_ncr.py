@@ -240,7 +240,7 @@ def test_ncr_trains_on_cosine_backbones_and_logs_divisions(tmp_path, global_run,
     assert results["best_epoch"] == 1  # warm-up never selected
     n = config.data.num_train * config.data.captions_per_image
     assert val[0]["steps_net0"] == val[0]["steps_net1"] == -(-n // 32)  # all pairs
-    for key in ("noise_auc_net0", "noise_auc_net1", "noise_precision_net1", "noise_recall_net0"):
+    for key in ("noise_auc_net0", "noise_auc_net1", "clean_precision_net1", "clean_recall_net0"):
         assert 0 <= val[1][key] <= 1, key
     refresh = [r for r in rows if r["split"] == "refresh"]
     assert [r["epoch"] for r in refresh] == [1]

@@ -692,7 +692,7 @@ def test_one_device_equals_eight(pairs, devices):
             np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-5)
     for x, y in zip(jax.tree.leaves(one.memory), jax.tree.leaves(eight.memory), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
-    for key in ("loss_clean", "loss_noisy", "pseudo_caption_accuracy", "step_noise_recall_clean"):
+    for key in ("loss_clean", "loss_noisy", "pseudo_caption_accuracy", "step_clean_recall_clean"):
         assert key in m1, key
 
 

@@ -169,7 +169,7 @@ def test_one_device_equals_eight(data, devices, head):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
     metrics = one[1]
     assert metrics["selected_i2t"][1] == B
-    assert {"noisy_weight_share", "step_noise_precision_i2t", "loss_hinge"} <= metrics.keys()
+    assert {"noisy_weight_share", "step_clean_precision_i2t", "loss_hinge"} <= metrics.keys()
 
 
 def srem_config(arg="synthetic,quick"):
@@ -204,7 +204,7 @@ def test_srem_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbo
     train = [r for r in rows if r["split"] == "train"]
     assert {r["epoch"] for r in train} == set(range(warmup + 1))
     main = [r for r in train if r["epoch"] == warmup]
-    for key in ("selected_i2t", "loss_hinge", "step_noise_precision_t2i", "noisy_weight_share"):
+    for key in ("selected_i2t", "loss_hinge", "step_clean_precision_t2i", "noisy_weight_share"):
         assert any(key in r for r in main), key
     assert not any("loss_hinge" in r for r in train if r["epoch"] < warmup)
     refresh = [r for r in rows if r["split"] == "refresh"]
@@ -255,8 +255,8 @@ def test_srem_beats_the_baselines_and_its_selection_sharpens(tmp_path, rate):
     rows = read_metrics(tmp_path / "srem")
     precision = {}
     for r in rows:
-        if r["split"] == "train" and r.get("step_noise_precision_i2t") is not None:
-            precision.setdefault(r["epoch"], []).append(r["step_noise_precision_i2t"])
+        if r["split"] == "train" and r.get("step_clean_precision_i2t") is not None:
+            precision.setdefault(r["epoch"], []).append(r["step_clean_precision_i2t"])
     warmup = load_config("srem", "synthetic").method_kwargs.warmup_epochs
     curve = [np.mean(precision[e]) for e in sorted(precision) if e >= warmup]
     print("selection precision per main epoch:", np.round(curve, 3).tolist())

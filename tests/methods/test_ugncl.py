@@ -230,7 +230,7 @@ def test_one_device_equals_eight(data, devices):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
     metrics = one[1]
     assert metrics["set_clean"][1] == B
-    for key in ("step_noise_precision_clean", "step_noisy_recall_hard_noisy", "loss_robust"):
+    for key in ("step_clean_precision_clean", "step_noisy_recall_hard_noisy", "loss_robust"):
         assert key in metrics, key
 
 
@@ -268,7 +268,7 @@ def test_ugncl_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backb
     train = [r for r in rows if r["split"] == "train"]
     assert {r["epoch"] for r in train} == set(range(warmup + 1))
     main = [r for r in train if r["epoch"] == warmup]
-    for key in ("set_clean", "loss_robust", "step_noise_precision_clean", "num_negatives"):
+    for key in ("set_clean", "loss_robust", "step_clean_precision_clean", "num_negatives"):
         assert any(key in r for r in main), key
     refresh = [r for r in rows if r["split"] == "refresh"]
     assert [r["epoch"] for r in refresh] == [warmup]
@@ -303,8 +303,8 @@ def test_ugncl_beats_the_baselines_and_its_clean_set_is_precise(tmp_path, rate):
     assert scores["ugncl"]["rsum"] > scores["vse"]["rsum"] + 100, scores
     precision = {}
     for r in read_metrics(tmp_path / "ugncl"):
-        if r["split"] == "train" and r.get("step_noise_precision_clean") is not None:
-            precision.setdefault(r["epoch"], []).append(r["step_noise_precision_clean"])
+        if r["split"] == "train" and r.get("step_clean_precision_clean") is not None:
+            precision.setdefault(r["epoch"], []).append(r["step_clean_precision_clean"])
     curve = [float(np.mean(precision[e])) for e in sorted(precision)]
     print("determined-clean precision per training epoch:", np.round(curve, 3).tolist())
     assert min(curve) >= 0.9, curve

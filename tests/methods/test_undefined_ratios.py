@@ -42,16 +42,16 @@ def test_accumulated_means_are_exact_and_undefined_over_nothing(mean_fn):
         {
             "noisy_weight_share": jnp.array([0.3, 0.6]),
             "noisy_weight_share_none": jnp.array([0.0, 0.0]),
-            "step_noise_precision": jnp.array([3.0, 4.0]),
-            "step_noise_precision_none": jnp.array([0.0, 0.0]),
+            "step_clean_precision": jnp.array([3.0, 4.0]),
+            "step_clean_precision_none": jnp.array([0.0, 0.0]),
             "loss": jnp.array([5.0, 2.0]),
         }
     )
     assert got["noisy_weight_share"] == pytest.approx(0.5, rel=1e-7)
-    assert got["step_noise_precision"] == pytest.approx(0.75, rel=1e-7)
+    assert got["step_clean_precision"] == pytest.approx(0.75, rel=1e-7)
     assert got["loss"] == pytest.approx(2.5, rel=1e-7)
     assert math.isnan(got["noisy_weight_share_none"])
-    assert math.isnan(got["step_noise_precision_none"])
+    assert math.isnan(got["step_clean_precision_none"])
 
 
 def test_srem_step_that_pulls_nothing_logs_an_undefined_share(data, tmp_path):
@@ -61,8 +61,8 @@ def test_srem_step_that_pulls_nothing_logs_an_undefined_share(data, tmp_path):
     assert math.isnan(mean["noisy_weight_share"])
     for d in ("i2t", "t2i"):
         assert mean[f"selected_{d}"] == 0.0
-        assert math.isnan(mean[f"step_noise_precision_{d}"])  # no selected pair
-        assert mean[f"step_noise_recall_{d}"] == 0.0  # clean pairs exist, none found
+        assert math.isnan(mean[f"step_clean_precision_{d}"])  # no selected pair
+        assert mean[f"step_clean_recall_{d}"] == 0.0  # clean pairs exist, none found
     assert np.isfinite(mean["loss"])  # the loss itself is defined
     writer = writers.MetricWriter(str(tmp_path))
     writer.write(step=1, epoch=1, split="train", metrics=mean)

@@ -68,7 +68,7 @@ def _expected_from_logs(workdir) -> dict[int, dict]:
         for d in DIRECTIONS:
             selected = row[f"selected_{d}"] * steps
             acc[f"sel_{d}"] = acc.get(f"sel_{d}", 0.0) + selected
-            precision = row[f"step_noise_precision_{d}"]  # null where nothing was selected
+            precision = row[f"step_clean_precision_{d}"]  # null where nothing was selected
             acc[f"hit_{d}"] = acc.get(f"hit_{d}", 0.0) + (precision * selected if selected else 0.0)
             pulled += selected
         if row.get("noisy_weight_share") is not None:  # null: nothing pulled

@@ -81,7 +81,7 @@ def _expected_from_logs(workdir, batch_size: int, num_clean: int) -> dict[int, d
         selected = row["set_clean"] * pairs
         acc["selected"] += selected
         if selected:  # the precision is null over no selected pair
-            acc["hits"] += row["step_noise_precision_clean"] * selected
+            acc["hits"] += row["step_clean_precision_clean"] * selected
     return {
         epoch: {"P_C": acc["hits"] / acc["selected"], "R_C": acc["hits"] / num_clean}
         for epoch, acc in sums.items()

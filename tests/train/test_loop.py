@@ -268,7 +268,7 @@ def test_noise_detection_is_logged_per_epoch(tmp_path, monkeypatch):
     train_and_evaluate(config, str(tmp_path))
     val = [r for r in read_metrics(tmp_path) if r["split"] == "val"]
     assert len(val) == config.train.epochs
-    assert all({"noise_auc", "noise_precision", "noise_recall"} <= r.keys() for r in val)
+    assert all({"noise_auc", "clean_precision", "clean_recall"} <= r.keys() for r in val)
     assert all(0.0 <= r["noise_auc"] <= 1.0 for r in val)
 
 

@@ -272,10 +272,10 @@ def test_clean_estimates_are_scored_against_the_true_mask_only_for_logs(data):
     index = batches[1]["index"][batches[1]["mask"]]
     selected, truth = index % 3 != 0, clean[index]
     np.testing.assert_allclose(
-        metrics["step_noise_precision"], [(selected & truth).sum(), selected.sum()]
+        metrics["step_clean_precision"], [(selected & truth).sum(), selected.sum()]
     )
     np.testing.assert_allclose(
-        metrics["step_noise_recall"], [(selected & truth).sum(), truth.sum()]
+        metrics["step_clean_recall"], [(selected & truth).sum(), truth.sum()]
     )
     assert all("clean" not in keys for keys in seen)
 

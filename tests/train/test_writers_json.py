@@ -27,8 +27,8 @@ def test_results_json_writes_non_finite_values_as_null(tmp_path):
     results = {
         "rsum": 412.5,
         "best_epoch": 3,
-        "noise_precision": math.nan,  # nothing flagged noisy
-        "noise_recall": 0.0,
+        "clean_precision": math.nan,  # nothing flagged noisy
+        "clean_recall": 0.0,
         "val_rsum": -math.inf,
         "nested": {"a": [1.0, math.inf, "text"], "b": (math.nan, 2)},
         "flag": True,
@@ -38,8 +38,8 @@ def test_results_json_writes_non_finite_values_as_null(tmp_path):
     assert _strict(path.read_text()) == {
         "rsum": 412.5,
         "best_epoch": 3,
-        "noise_precision": None,
-        "noise_recall": 0.0,
+        "clean_precision": None,
+        "clean_recall": 0.0,
         "val_rsum": None,
         "nested": {"a": [1.0, None, "text"], "b": [None, 2]},
         "flag": True,
