@@ -62,7 +62,7 @@ def test_train_and_audit_by_name_from_another_directory(tmp_path):
     """``ncljax train --config=vse:synthetic,quick`` where there is no checkout, then
     ``ncljax audit`` of the run (a baseline: nothing to audit, said in one line)."""
     workdir = tmp_path / "run"
-    code, _, stderr = _ncljax(
+    code, stdout, stderr = _ncljax(
         "train",
         "--config=vse:synthetic,quick",
         "--config.train.epochs=1",
@@ -73,6 +73,16 @@ def test_train_and_audit_by_name_from_another_directory(tmp_path):
     assert code == 0, stderr[-2000:]
     with open(workdir / "results.json") as f:
         assert "rsum" in json.load(f)
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith(
+        "Training vse (cosine head) on synthetic: 1280 training pairs, per_caption noise at "
+        "0.4 (seed 0); 1 epoch of batch 64 on "
+    )
+    assert lines[0].endswith(f" cpu devices; workdir {workdir}.")  # the tests' 8 CPU devices
+    assert lines[-1] == (
+        f"Done: {workdir / 'results.json'} (per-epoch metrics in metrics.jsonl). Next: ncljax "
+        f"retrieve --workdir={workdir} --query=image:0 retrieves with it."
+    )
     code, _, stderr = _ncljax("audit", f"--workdir={workdir}", cwd=tmp_path)
     assert code == 3, stderr[-2000:]
     assert stderr.strip().startswith("vse is a baseline: it estimates nothing")
@@ -89,3 +99,11 @@ def test_a_config_name_that_is_not_shipped_is_one_line(tmp_path, config, says):
     code, _, stderr = _ncljax("train", f"--config={config}", cwd=tmp_path)
     lines = stderr.strip().splitlines()
     assert code != 0 and len(lines) == 1 and lines[0].startswith(says), stderr[-2000:]
+
+
+def test_train_help_lists_the_methods_the_configs_and_the_fields(tmp_path):
+    _, stdout, _ = _ncljax("train", "--help", cwd=tmp_path)  # absl exits 1 after its help
+    assert "Methods: vse, infonce, ncr, gsc, srem, ugncl, pc2, ce, uot_rcl." in stdout
+    assert "  gsc: synthetic, f30k, coco, cc152k, vectors" in stdout
+    assert "  model.sgraf.sim_dim=256  [read with model.head='sgr' or model.head='saf']" in stdout
+    assert "  --config: A shipped config by name" in stdout

@@ -16,6 +16,7 @@ line; ``-v 1`` shows the whole traceback.
 """
 
 import os
+import shlex
 import sys
 
 import ml_collections
@@ -23,7 +24,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser as _ConfigFileParser
 
-from ncljax import cli
+from ncljax import cli, methods
 from ncljax import config as config_lib
 from ncljax.config import files, presets, renames
 from ncljax.train import checkpoint, train_and_evaluate
@@ -248,6 +249,7 @@ def main(argv):
         if "data.name" in overrides:
             _switch_dataset(config, path, arg, overrides)
         train_and_evaluate(config, workdir, overridden=set(overrides))
+        print(_closing_line(config, workdir))
     except KeyboardInterrupt:  # Ctrl-C: the checkpoints are closed, the resume is exact
         if flags.FLAGS.verbosity > 0:
             raise
@@ -264,6 +266,19 @@ def main(argv):
         if flags.FLAGS.verbosity > 0:  # -v 1: the whole traceback
             raise
         sys.exit(f"{type(e).__name__}: {e}")
+
+
+def _closing_line(config, workdir: str) -> str:
+    """Where the results are and what to run next: the run's last line."""
+    method = methods.build_method(config.method, config.method_kwargs, config.model)
+    command = "ncljax " if _program().startswith("ncljax") else "python -m ncljax."
+    quoted = shlex.quote(workdir)
+    audits = method.clean_score_fn is not None or method.label_estimate_fn is not None
+    audit = f"{command}audit --workdir={quoted} ranks its training pairs; " if audits else ""
+    return (
+        f"Done: {os.path.join(workdir, 'results.json')} (per-epoch metrics in metrics.jsonl). "
+        f"Next: {audit}{command}retrieve --workdir={quoted} --query=image:0 retrieves with it."
+    )
 
 
 def _dataset_hint(argv: list[str], dataset: str) -> str:
@@ -299,9 +314,57 @@ def _switch_dataset(config, path: str, arg: str, overrides: dict) -> None:
     )
 
 
+def help_text() -> str:
+    """``--help``'s text: this module's doc, then the methods, the shipped config files and
+    the datasets each takes, and every ``--config.<field>`` with its default (the sections
+    of a kind: read only when the run chose that kind)."""
+    from ncljax.config import kinds
+
+    lines = [__doc__.strip(), "", "Flags:"]
+    lines += [
+        f"  --{name}: {flags.FLAGS[name].help}"
+        for name in ("config", "workdir")
+        if name in flags.FLAGS
+    ]
+    lines += ["  -v 1: the whole traceback of an error; --helpfull: every flag."]
+    lines += ["", "Methods: " + ", ".join(methods.REGISTRY) + "."]
+    lines += ["", "Shipped config files (--config=<name>:<dataset>[,quick]):"]
+    for name in files.names():
+        try:
+            takes = ", ".join(presets.datasets_of(os.path.join(files.CONFIG_DIR, f"{name}.py")))
+        except (OSError, ValueError):
+            takes = "see the file"
+        lines.append(f"  {name}: {takes}")
+    owners = {}
+    for choice in kinds.CHOICES:
+        for kind in choice.kinds:
+            for path in kind.sections:
+                owners.setdefault(path, []).append(f"{choice.field}={kind.name!r}")
+    lines += ["", "Config fields (--config.<field>=value; default):"]
+    flat = _flatten(config_lib.base_config().to_dict())
+    for field, default in flat.items():
+        section = field.rsplit(".", 1)[0]
+        note = f"  [read with {' or '.join(owners[section])}]" if section in owners else ""
+        lines.append(f"  {field}={default!r}{note}")
+    lines.append("  method_kwargs.<name>: the method's hyperparameters (its config file's).")
+    lines.append("  data.*: above, the synthetic dataset's; each dataset has its own (data.name).")
+    return "\n".join(lines).replace("%", "%%")  # absl formats the text with %
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def run() -> None:
     """The command: ``ncljax train``, ``python -m ncljax.train`` and a checkout's
     ``train.py``."""
+    sys.modules["__main__"].__doc__ = help_text()  # what --help prints first
     app.run(main, flags_parser=parse_flags)
 
 

@@ -147,7 +147,30 @@ def train_and_evaluate(
             tx=tx,
             schedule=schedule,
         )
+        if jax.process_index() == 0:
+            print(opening_line(config, method, pairs, mesh, workdir), flush=True)
         return _train(run, graphdef, state, evaluator, mesh, workdir, callbacks)
+
+
+def opening_line(config, method, pairs, mesh, workdir: str) -> str:
+    """What the run trains, on what, where: its first line."""
+    data = config.data
+    where = f"the folder {data.folder}" if data.name == "vectors" else f"{data.name}"
+    noise = config.noise
+    if noise.kind == "none":
+        lies = "its own pairs and labels"
+    elif noise.kind == "file":
+        lies = f"noise from {noise.file.path} ({pairs.realised_rate:.0%} of the pairs)"
+    else:
+        lies = f"{noise.kind} noise at {noise.rate:g} (seed {noise.seed})"
+    networks = f", {method.num_networks} networks" if method.num_networks > 1 else ""
+    devices = f"{mesh.size} {jax.default_backend()} device{'s' if mesh.size > 1 else ''}"
+    return (
+        f"Training {config.method}{networks} ({config.model.head} head) on {where}: "
+        f"{pairs.num_records} training pairs, {lies}; {config.train.epochs} "
+        f"epoch{'s' if config.train.epochs != 1 else ''} of batch "
+        f"{config.train.batch_size} on {devices}; workdir {workdir}."
+    )
 
 
 class _Built(NamedTuple):
