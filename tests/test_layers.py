@@ -13,6 +13,7 @@ LAYERS = (
     "rules",
     "masking",
     "backend",
+    "cluster",
     "optim",
     "evidence",
     "losses",

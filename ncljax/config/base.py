@@ -41,7 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.method = "vse"
     c.method_kwargs = ml_collections.ConfigDict()
     c.seed = 0
-    c.distributed = False  # call jax.distributed.initialize() (multi-host runs)
+    c.distributed = False  # several processes in one run (ncljax.cluster; reads cluster)
 
     set_data(c, sources.default_config("synthetic"))
 
@@ -86,8 +86,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     for choice in kinds.CHOICES:
         for path, section in choice.sections().items():
-            parent, name = path.rsplit(".", 1)
-            c[parent][name] = ml_collections.ConfigDict(
+            parent, _, name = path.rpartition(".")
+            holder = c[parent] if parent else c
+            holder[name] = ml_collections.ConfigDict(
                 {field: setting.default for field, setting in section.items()}
             )
     return c

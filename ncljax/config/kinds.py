@@ -14,6 +14,7 @@ field                  kinds                                       declared in
 ``optim.schedule``     constant, step, cosine                      ``ncljax.optim``
 ``eval.kind``          recall, map                                 ``ncljax.evaluate.kinds``
 ``noise.kind``         none, per_caption, per_image, file, ...     ``ncljax.data.noise``
+``distributed``        False, True                                 ``ncljax.cluster``
 ``method``             the registry's methods                      ``ncljax.methods``
 =====================  ==========================================  ======================
 
@@ -25,7 +26,7 @@ the kinds it chose, and a non-default value in another is refused
 
 from __future__ import annotations
 
-from ncljax import methods, optim, rules
+from ncljax import cluster, methods, optim, rules
 from ncljax.data import noise
 from ncljax.evaluate import kinds as eval_kinds
 from ncljax.models import kinds as model_kinds
@@ -35,6 +36,7 @@ CHOICES: tuple[rules.Choice, ...] = (
     *optim.CHOICES,
     *eval_kinds.CHOICES,
     *noise.CHOICES,
+    *cluster.CHOICES,
 )
 
 

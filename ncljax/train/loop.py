@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
+from jax.experimental import multihost_utils
 
-from ncljax import backend, methods, models, optim
+from ncljax import backend, cluster, methods, models, optim
 from ncljax.config import validation
 from ncljax.data import fingerprint, pipeline, sources
 from ncljax.methods.base import WARMUP, InitContext
@@ -100,7 +101,7 @@ def train_and_evaluate(
       FloatingPointError: a non-finite loss; the last good checkpoint is kept.
     """
     if config.distributed:
-        jax.distributed.initialize()
+        cluster.initialize(config.cluster)
     # Every field is checked, and everything built, before anything is written.
     config, b = _build(config, overridden)
     method, pairs, mesh, tx, graphdef, state = b.method, b.pairs, b.mesh, b.tx, b.graphdef, b.state
@@ -360,7 +361,10 @@ def _finish(run, state, test: dict, best: Progress, workdir: str, kind) -> dict:
     test.update(noise_diagnostics(method, state, pairs.clean))  # the final labels
     main = [e for e in range(num_epochs) if method.plan_fn(e).phase != WARMUP]
     if main:  # a method without a main phase (the baselines) trains no fallback
-        test["fallback_share"] = fallback_share(run.writer.rows(), main)
+        share = fallback_share(run.writer.rows(), main)  # process 0 holds the rows
+        if jax.process_count() > 1:  # every process returns the same results
+            share = float(multihost_utils.broadcast_one_to_all(np.float64(share)))
+        test["fallback_share"] = share
     run.writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         try:

@@ -41,6 +41,9 @@ RESUMABLE = (
     "eval.recall.image_chunk",
     "eval.recall.text_chunk",
     "distributed",
+    "cluster.coordinator_address",  # another launch of the same run: the mesh's devices
+    "cluster.num_processes",  # change, not its results (device-count invariant)
+    "cluster.process_id",
 )
 
 

@@ -8,16 +8,16 @@ process_id, num_processes, port, workdir, out = sys.argv[1:6]
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
-import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(
-    f"localhost:{port}", num_processes=int(num_processes), process_id=int(process_id)
-)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests.train import test_multihost  # noqa: E402
 
-results = test_multihost.run(workdir)
+# The config's own path: distributed=True and the cluster section (ncljax.cluster).
+cluster = {
+    "coordinator_address": f"localhost:{port}",
+    "num_processes": int(num_processes),
+    "process_id": int(process_id),
+}
+results = test_multihost.run(workdir, cluster)
 with open(out, "w") as f:
     json.dump(results, f)

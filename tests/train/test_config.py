@@ -61,6 +61,9 @@ CASES = [
     ),
     ("noise.file.path", "i.npy", {}, {"noise.kind": "file"}),
     ("model.views", 2, {"method": "vse"}, {"method": "ugncl"}),
+    ("cluster.coordinator_address", "host:1234", {}, {"distributed": True}),
+    ("cluster.num_processes", 2, {}, {"distributed": True}),
+    ("cluster.process_id", 1, {}, {"distributed": True}),
 ]
 
 

@@ -16,12 +16,15 @@ from tests.train import test_loop
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_worker.py")
 
 
-def run(workdir: str) -> dict:
-    """A tiny dual-network run with a refresh pass, on every device of every process."""
+def run(workdir: str, cluster: dict) -> dict:
+    """A tiny dual-network run with a refresh pass, on every device of every process
+    (``distributed=True`` with the ``cluster`` section: the flag a user sets)."""
     methods.REGISTRY["refreshing"] = test_loop._refreshing_method
     config = test_loop.tiny(test_loop.load_config("vse", "synthetic"), epochs=2)
     config.method = "refreshing"
     config.method_kwargs = ml_collections.ConfigDict({"num_networks": 2})
+    config.distributed = True
+    config.cluster.update(cluster)
     return train_and_evaluate(config, workdir)
 
 
