@@ -23,6 +23,14 @@ the newest checkpoint of ``checkpoints/latest``):
 - ``RUN/audit/audit.json``: which checkpoint the scores come from (step, epochs
   completed, whether the run finished), what the score is, the method's threshold and
   how many pairs fall at or below it;
+- beside the method's score, where the run trains on a vectors folder whose two sides are
+  vectors of one embedding space (its ``embedding.json`` says ``"shared_space": true``,
+  as ``ncljax embed`` writes for CLIP; ``--raw_cosine=yes`` forces it), ``raw_cosine``:
+  the cosine of each pair's own two vectors, the CLIP-score ranking practitioners filter
+  web pairs with today. ``--mismatched=FILE`` (known mismatched pairs: a ``.npy`` of
+  bools or caption indices, or a text file of indices) puts the AUC of both rankings
+  against them in ``audit.json`` (``known_mismatches``) and prints them side by side, so
+  a user sees what the method adds;
 - ``RUN/audit/scores.png``: the histogram of the scores with the threshold marked
   (matplotlib, the ``plots`` extra; without it the tables are written and the
   command says so).
@@ -103,6 +111,9 @@ class PairScores(NamedTuple):
       checkpoint: ``step``, ``epochs_completed``, ``num_epochs``, ``mid_epoch`` and
         ``finished`` (the run wrote ``results.json``) of the checkpoint read.
       notes: lines worth telling the user (a damaged newest checkpoint, equal scores).
+      raw_cosine: float64 ``[N]``, the cosine of each pair's own two vectors as the folder
+        holds them (the practitioners' CLIP-score ranking), where computed
+        (:func:`with_raw_cosine`); None otherwise.
     """
 
     method: str
@@ -116,6 +127,7 @@ class PairScores(NamedTuple):
     labels: dict[str, np.ndarray] | None
     checkpoint: dict[str, Any]
     notes: tuple[str, ...]
+    raw_cosine: np.ndarray | None = None
 
 
 class _Restored(NamedTuple):
@@ -391,9 +403,125 @@ def pair_scores(workdir: str) -> PairScores:
 # --- writing the verdict ---------------------------------------------------------------
 
 
+# --- the practitioners' baseline: the raw cosine of each pair's own vectors -------------
+
+SPACE_FILE = "embedding.json"  # in a vectors folder: how its vectors were made
+_RAW_CHUNK = 65536  # pairs per chunk of the raw cosine
+
+
+def shares_space(folder: str) -> bool:
+    """Whether the vectors folder says its images and captions are vectors of one
+    embedding space (``embedding.json`` with ``"shared_space": true``, which ``ncljax
+    embed`` writes for an image-text encoder such as CLIP)."""
+    path = os.path.join(folder, SPACE_FILE)
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            return bool(json.load(f).get("shared_space", False))
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is not a JSON object ({e}); fix or remove it.") from None
+
+
+def raw_cosine(split, image_index: np.ndarray) -> np.ndarray:
+    """``cos(x_img[image_index[k]], x_txt[k])`` for every pair ``k`` of a vectors split,
+    in chunks (``[N]`` float64; a zero vector's cosine is 0)."""
+    images, texts = split.images, split.texts
+    if images.shape[1] != texts.shape[1]:
+        raise ValueError(
+            f"The raw cosine needs image and caption vectors of one width; the folder's are "
+            f"{images.shape[1]} and {texts.shape[1]} wide (use --raw_cosine=no)."
+        )
+    out = np.empty(texts.shape[0], np.float64)
+    for start in range(0, texts.shape[0], _RAW_CHUNK):
+        stop = min(start + _RAW_CHUNK, texts.shape[0])
+        t = np.asarray(texts[start:stop], np.float64)
+        i = np.asarray(images[np.asarray(image_index[start:stop])], np.float64)
+        norms = np.linalg.norm(t, axis=1) * np.linalg.norm(i, axis=1)
+        out[start:stop] = np.where(norms > 0, (t * i).sum(1) / np.maximum(norms, 1e-300), 0.0)
+    return out
+
+
+def with_raw_cosine(scores: PairScores, workdir: str, when: str = "auto") -> PairScores:
+    """``scores`` with the raw cosine of each training pair (:func:`raw_cosine`):
+    ``when='yes'``, or ``'auto'`` where the run's vectors folder declares one embedding
+    space (:func:`shares_space`); ``'no'``: unchanged.
+
+    Raises:
+      ValueError: ``'yes'`` on a run that does not train on a vectors folder, or on
+        vectors of two widths; an unknown ``when``.
+    """
+    if when not in ("auto", "yes", "no"):
+        raise ValueError(f"--raw_cosine={when!r}: use auto, yes or no.")
+    if when == "no":
+        return scores
+    config = _load_config(workdir)
+    if config.data.name != "vectors":
+        if when == "yes":
+            raise ValueError(
+                f"--raw_cosine=yes needs a run on a vectors folder; this one trains on "
+                f"{config.data.name}."
+            )
+        return scores
+    if when == "auto" and not shares_space(config.data.folder):
+        return scores
+    split = sources.load_dataset(config.data).split("train")
+    return scores._replace(raw_cosine=raw_cosine(split, _paired_images(split, config.noise)))
+
+
+def read_mismatches(path: str, num_pairs: int) -> np.ndarray:
+    """The known mismatched training pairs as a bool mask ``[num_pairs]``: a ``.npy`` of
+    bools ``[num_pairs]`` or of caption indices, or a text file of caption indices (one
+    per line).
+
+    Raises:
+      ValueError: an unreadable file, indices outside ``[0, num_pairs)``, or a mask of
+        another length (one line saying what the file must hold).
+    """
+    what = (
+        f"a .npy of {num_pairs} bools or of caption indices in [0, {num_pairs}), or a text "
+        "file of such indices, one per line"
+    )
+    try:
+        if path.endswith(".npy"):
+            values = np.load(path, allow_pickle=False)
+        else:
+            with open(path, encoding="utf-8") as f:
+                values = np.asarray([int(line) for line in f if line.strip()], np.int64)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--mismatched={path}: cannot be read ({e}); give {what}.") from None
+    if values.dtype == bool:
+        if values.shape != (num_pairs,):
+            raise ValueError(f"--mismatched={path} holds {values.shape} bools; give {what}.")
+        return values
+    if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"--mismatched={path} holds {values.dtype} {values.shape}; give {what}.")
+    if values.size and (values.min() < 0 or values.max() >= num_pairs):
+        raise ValueError(f"--mismatched={path} has indices outside [0, {num_pairs}); give {what}.")
+    mask = np.zeros(num_pairs, bool)
+    mask[values] = True
+    return mask
+
+
+def compare(scores: PairScores, mismatched: np.ndarray) -> dict:
+    """The AUC of the method's ranking and (where computed) of the raw cosine against the
+    known mismatches: the probability that a matched pair scores above a mismatched one
+    (``ncljax.evaluate.noise_detection_metrics``'s ``noise_auc``)."""
+    from ncljax import evaluate
+
+    def auc(score):
+        return evaluate.noise_detection_metrics(score, ~mismatched)["noise_auc"]
+
+    out = {"count": int(mismatched.sum()), "auc_method": auc(scores.clean_score)}
+    if scores.raw_cosine is not None:
+        out["auc_raw_cosine"] = auc(scores.raw_cosine)
+    return out
+
+
 def fields(scores: PairScores) -> tuple[str, ...]:
     """The columns of the exported rows."""
-    return PAIR_FIELDS + (LABEL_FIELDS if scores.labels is not None else ())
+    raw = ("raw_cosine",) if scores.raw_cosine is not None else ()
+    return PAIR_FIELDS + raw + (LABEL_FIELDS if scores.labels is not None else ())
 
 
 def rows(scores: PairScores) -> Iterator[dict]:
@@ -408,14 +536,17 @@ def rows(scores: PairScores) -> Iterator[dict]:
         "caption": [scores.captions[k] for k in order] if scores.captions else empty,
         "step": [scores.checkpoint["step"]] * order.size,
     }
+    if scores.raw_cosine is not None:
+        columns["raw_cosine"] = scores.raw_cosine[order].tolist()
     for name, values in (scores.labels or {}).items():
         columns[name] = values[order].tolist()
     for values in zip(*columns.values(), strict=True):
         yield dict(zip(columns, values, strict=True))
 
 
-def summary(scores: PairScores) -> dict:
-    """What ``audit.json`` records: the checkpoint, the score and the threshold."""
+def summary(scores: PairScores, known: dict | None = None) -> dict:
+    """What ``audit.json`` records: the checkpoint, the score and the threshold, whether
+    the raw cosine was computed, and (``known``) the AUCs against known mismatches."""
     flagged = (
         None if scores.threshold is None else int((scores.clean_score <= scores.threshold).sum())
     )
@@ -428,6 +559,8 @@ def summary(scores: PairScores) -> dict:
         "at_or_below_threshold": flagged,
         "checkpoint": scores.checkpoint,
         "notes": list(scores.notes),
+        "raw_cosine": scores.raw_cosine is not None,
+        **({"known_mismatches": known} if known is not None else {}),
     }
 
 
@@ -452,8 +585,9 @@ def _replace(path: str, write_fn: Callable) -> None:
             os.remove(tmp)
 
 
-def write_tables(scores: PairScores, out_dir: str) -> dict[str, str]:
-    """``pairs.csv``, ``pairs.jsonl`` and ``audit.json`` in ``out_dir``; their paths."""
+def write_tables(scores: PairScores, out_dir: str, known: dict | None = None) -> dict[str, str]:
+    """``pairs.csv``, ``pairs.jsonl`` and ``audit.json`` in ``out_dir`` (with ``known``,
+    :func:`compare`'s result, as ``known_mismatches``); their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {
         name: os.path.join(out_dir, name) for name in ("pairs.csv", "pairs.jsonl", "audit.json")
@@ -470,7 +604,7 @@ def write_tables(scores: PairScores, out_dir: str) -> dict[str, str]:
 
     _replace(paths["pairs.csv"], write_csv)
     _replace(paths["pairs.jsonl"], write_jsonl)
-    rundir.atomic_write_json(paths["audit.json"], summary(scores))
+    rundir.atomic_write_json(paths["audit.json"], summary(scores, known))
     return paths
 
 
@@ -523,21 +657,32 @@ def plot(scores: PairScores, path: str) -> None:
     plt.close(fig)
 
 
-def audit(workdir: str) -> dict:
+def audit(workdir: str, *, raw: str = "auto", mismatched: str | None = None) -> dict:
     """Writes ``workdir/audit/``: the verdict of the run on each training pair.
+
+    Args:
+      workdir: the run.
+      raw: the raw cosine of each pair's own vectors beside the method's score
+        (:func:`with_raw_cosine`: ``'auto'``, ``'yes'`` or ``'no'``).
+      mismatched: a file of known mismatched pairs (:func:`read_mismatches`): the AUC of
+        the method's ranking and of the raw cosine against them go in ``audit.json``
+        (``known_mismatches``).
 
     Returns ``summary`` of the scores with ``paths`` (the files written) and ``plot_error``
     (why ``scores.png`` was not written, or ``None``).
 
     Raises:
-      As ``pair_scores``.
+      As ``pair_scores``; ``ValueError`` for a ``mismatched`` file that does not fit.
     """
-    scores = pair_scores(workdir)
+    scores = with_raw_cosine(pair_scores(workdir), workdir, raw)
+    known = None
+    if mismatched is not None:
+        known = compare(scores, read_mismatches(mismatched, scores.clean_score.size))
     out_dir = os.path.join(workdir, OUT_DIR)
     _remove_stale(workdir)
     staging = os.path.join(workdir, f"{_STAGING}{os.getpid()}")
     try:
-        names = list(write_tables(scores, staging))
+        names = list(write_tables(scores, staging, known))
         plot_error = None
         try:
             plot(scores, os.path.join(staging, "scores.png"))
@@ -554,7 +699,7 @@ def audit(workdir: str) -> dict:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     paths = {name: os.path.join(out_dir, name) for name in names}
-    return {**summary(scores), "paths": paths, "plot_error": plot_error}
+    return {**summary(scores, known), "paths": paths, "plot_error": plot_error}
 
 
 _STAGING = ".audit-new-"  # an audit being written: RUN/.audit-new-<pid>
@@ -598,6 +743,17 @@ def _report(result: dict) -> str:
     else:
         lines.append(f"No threshold: {result['threshold_rule']}; the ranks order the pairs.")
     lines += [f"Note: {note}." for note in result["notes"]]
+    if result["raw_cosine"]:
+        lines.append(
+            "Beside it, raw_cosine: the cosine of each pair's own two vectors (the CLIP-score "
+            "ranking that filters web pairs today)."
+        )
+    known = result.get("known_mismatches")
+    if known is not None:
+        line = f"Against the {known['count']} known mismatches: AUC {known['auc_method']:.3f}"
+        if "auc_raw_cosine" in known:
+            line += f" by the method, {known['auc_raw_cosine']:.3f} by the raw cosine"
+        lines.append(line + ".")
     lines.append("Wrote " + ", ".join(result["paths"].values()) + ".")
     return "\n".join(lines)
 
@@ -614,7 +770,9 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
     try:
-        result = audit(flags.FLAGS.workdir)
+        result = audit(
+            flags.FLAGS.workdir, raw=flags.FLAGS.raw_cosine, mismatched=flags.FLAGS.mismatched
+        )
     except NothingToAudit as e:
         print(str(e), file=sys.stderr)
         sys.exit(NOTHING_TO_AUDIT)
@@ -638,5 +796,18 @@ if __name__ == "__main__":
     from ncljax import cli
 
     flags.DEFINE_string("workdir", None, "The run's directory (finished or interrupted).")
+    flags.DEFINE_enum(
+        "raw_cosine",
+        "auto",
+        ["auto", "yes", "no"],
+        "Also rank by the raw cosine of each pair's vectors (auto: where the vectors folder "
+        "declares one embedding space, embedding.json).",
+    )
+    flags.DEFINE_string(
+        "mismatched",
+        None,
+        "Known mismatched pairs (.npy bools or caption indices, or a text file of indices): "
+        "the AUC of the method's ranking and of the raw cosine against them.",
+    )
     flags.mark_flag_as_required("workdir")
     app.run(main, flags_parser=cli.flags_parser("python -m ncljax.audit"))
