@@ -21,7 +21,8 @@ Rows are queries and the last axis the ``K`` classes (candidates). ``where`` (bo
 ``[K]``) marks the real classes of a padded batch: padding classes carry no evidence and
 do not count in ``K``.
 
-Equations: ``ugncl.md`` sections 3.1-3.6 and 8 (item 6) of the ncljax specs; Sensoy et
+Equations: UGNCL (Zha et al., SIGIR 2024), Secs. 3.2.1-3.2.3 (Eqs. 3-15), in log space
+because the evidence of Eq. 3 overflows float32 once ``softplus(R) / tau > 88.7``; Sensoy et
 al., "Evidential Deep Learning to Quantify Classification Uncertainty", NeurIPS 2018;
 Han et al., "Trusted Multi-View Classification", ICLR 2021 (the combination rule).
 """
@@ -94,8 +95,8 @@ def log_evidence(
         l = \mathrm{softplus}(R) / \tau \;(\text{exp\_softplus}), \qquad
         l = \tanh(R) / \tau \;(\text{exp\_tanh})
 
-    ``exp_softplus`` gives ``e >= 1`` (no pair can carry "no evidence"; ``ugncl.md`` Sec. 8,
-    item 7); ``exp_tanh`` is bounded in ``[e^{-1/tau}, e^{1/tau}]``.
+    ``exp_softplus`` gives ``e >= 1`` (``softplus >= 0``: no pair can carry "no
+    evidence"); ``exp_tanh`` is bounded in ``[e^{-1/tau}, e^{1/tau}]``.
 
     Args:
       raw: raw (unsquashed) similarities of any shape, e.g. ``[K, K]`` (rows images).
@@ -129,7 +130,7 @@ def directional_log_evidence(log_e: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """``(i2t, t2i)`` query views of an image-by-caption ``[K, K]`` log-evidence matrix.
 
     Row ``i`` of ``i2t`` is image ``i``'s evidence over the captions; row ``j`` of ``t2i``
-    (the transpose) is caption ``j``'s evidence over the images (``ugncl.md`` Sec. 3.2).
+    (the transpose) is caption ``j``'s evidence over the images (UGNCL, Sec. 3.2.1).
     """
     log_e = _float(log_e)
     if log_e.ndim != 2 or log_e.shape[0] != log_e.shape[1]:
@@ -327,6 +328,8 @@ def dirichlet_kl_uniform(log_alpha_: ArrayLike, *, where: ArrayLike | None = Non
 
 def log_mean_evidence(log_e_views: ArrayLike, *, axis: int = 0) -> jax.Array:
     r"""``log((1/W) sum_w e^w)``: UGNCL's retrieval score, the mean evidence of ``W`` views
-    (ranks like the mean evidence, never overflows; ``ugncl.md`` Sec. 3.10)."""
+    (the official code's ``evaluation.py``, ``validation``; the paper's Sec. 4.2 averages
+    "the similarities calculated by diverse views"). Ranks like the mean evidence and never
+    overflows."""
     log_e_views = _float(log_e_views)
     return jax.nn.logsumexp(log_e_views, axis=axis) - jnp.log(log_e_views.shape[axis])

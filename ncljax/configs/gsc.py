@@ -15,8 +15,8 @@ tau_2 1, gamma 0.01, momenta 0.7, no warm-up, two networks exchanging labels). R
 benchmarks: the SGR head, batch 128, Adam 2e-4 with clipping 2.0 and a step decay
 x0.2, per-caption noise at 0.2 (the paper: 0.2, 0.4, 0.6; ``noise.kind=file`` with an
 index file), COCO tested on 5 folds of 1K. ``PRESETS`` holds per dataset (gamma, lr
-decay period, epochs, networks) of ``paper`` (the default, ``gsc.md`` Sec. 5.4: gamma
-0.01 and decay every 15 everywhere, 60 epochs as the F30K scripts), ``code`` (the
+decay period, epochs, networks) of ``paper`` (the default; the paper's Sec. 4.2: gamma
+0.01 and decay every 15 for all experiments, 60 epochs as the F30K scripts), ``code`` (the
 GSC+ scripts: COCO gamma 0.05 and 30 epochs, CC152K gamma 0.02 and decay every 20) and
 ``single`` (the single-network scripts: COCO passes no gamma and gets the argparse
 default 1.0); ``TEXT_STRUCTURE`` the intra-text structure each uses (the GSC+ code's
@@ -24,12 +24,12 @@ word-aligned form, or the attention form; see ``ncljax.methods.gsc``).
 
 ``:synthetic``: 20,000 pairs with 40% per-caption noise, region encoder, Bi-GRU and
 cosine head (on 2 CPU cores the SGR head is too slow for minutes; the intra-modal
-structures are then embedding cosines, the port the spec names for plain embedding
-backbones), trained like ``configs/vse.py:synthetic``. ``configs/quickstart.py`` is its
-single-network variant. ``:vectors``: a folder of your own vectors
-(``ncljax.data.vectors``; its own pairs, MLP encoders ``D -> 1024 -> 256`` and the cosine
-head, Adam 5e-4, batch 128, 20 epochs) with the method's defaults, structures as
-embedding cosines as on the synthetic data.
+structures are then embedding cosines, the natural port to plain embedding backbones
+and a deviation from the paper's SGR-head structures), trained like
+``configs/vse.py:synthetic``. ``configs/quickstart.py`` is its single-network variant.
+``:vectors``: a folder of your own vectors (``ncljax.data.vectors``; its own pairs, MLP
+encoders ``D -> 1024 -> 256`` and the cosine head, Adam 5e-4, batch 128, 20 epochs) with
+the method's defaults, structures as embedding cosines as on the synthetic data.
 
 Reference: Zhao et al., "Mitigating Noisy Correspondence by Geometrical Structure
 Consistency Learning", CVPR 2024.

@@ -11,13 +11,14 @@ r"""PC2: pseudo-classification, pseudo-captions and oscillation-based rectificat
   python train.py --config=configs/pc2.py:f30k,code             # the official code's switches
   python train.py --config=configs/pc2.py:vectors --config.data.folder=DIR   # your vectors
 
-Real benchmarks (``pc2.md`` Sec. 5.3): the SGR head (sigmoid output), two co-taught
-networks each with its pseudo-classifier (``K = 128``, hidden 256), batch 128, Adam 2e-4
-with clipping 2.0 (a fresh Adam at the start of co-training), x0.1 every 30 co-training
-epochs, margin 0.2, ``m = 10``, ``tau = 0.5``, ``lambda_ent = 10`` (the run commands);
-(warm-up, co-training epochs): Flickr30K (5, 50), MS-COCO (10, 50; the paper, the README
-command uses 5), NoW (10, 50), CC152K (10, 50; the spec gives no CC152K command, NoW's
-schedule). The pseudo-caption update starts at co-training epoch 25 (the code's
+Real benchmarks (the paper's Sec. 5.2 and Appendix B, and the official code's run
+commands): the SGR head (sigmoid output), two co-taught networks each with its
+pseudo-classifier (``K = 128``, hidden 256), batch 128, Adam 2e-4 with clipping 2.0 (a
+fresh Adam at the start of co-training), x0.1 every 30 co-training epochs, margin 0.2,
+``m = 10``, ``tau = 0.5``, ``lambda_ent = 10`` (the run commands); (warm-up, co-training
+epochs): Flickr30K (5, 50), MS-COCO (10, 50; the paper, the README command uses 5), NoW
+(10, 50), CC152K (10, 50; neither the paper nor the README gives a CC152K schedule, so
+NoW's). The pseudo-caption update starts at co-training epoch 25 (the code's
 ``warmup_epoch_2``), where the best validation score is forgotten. Noise: per-caption at
 0.2 on F30K and COCO (the paper: 0-60%; or ``noise.kind=file`` with an official index
 file), none on CC152K and NoW (real noise, about 70% on NoW). COCO is tested on 5 folds of

@@ -11,15 +11,16 @@ r"""SREM: energy-guided filtration, swapped gradient weighting, biased complemen
   python train.py --config=configs/srem.py:cc152k --config.data.manual_dir=/path/to/files
   python train.py --config=configs/srem.py:vectors --config.data.folder=DIR   # your vectors
 
-Real benchmarks (``srem.md`` Sec. 5): the SGR head (``--config.model.head=saf`` for the
-other half of SGRAF; the paper reports the mean of both runs' sigmoid similarities, the
-ensemble command above), batch 128 in full batches, Adam 2e-4 with clipping 2.0, 5
-warm-up epochs of complementary learning then 50 main epochs with the learning rate x0.1
-after 25 of them (55 in all), best-on-validation selection; per-caption noise at 0.2 on
+Real benchmarks (the paper's "Implementation Details", NCR's settings where it gives
+none): the SGR head (``--config.model.head=saf`` for the other half of SGRAF; the paper
+reports the mean of both runs' sigmoid similarities, the ensemble command above), batch
+128 in full batches, Adam 2e-4 with clipping 2.0, 5 warm-up epochs of complementary
+learning then 50 main epochs with the learning rate x0.1 after 25 of them (55 in all),
+best-on-validation selection; per-caption noise at 0.2 on
 F30K and COCO (the paper: 0.2, 0.4, 0.6; ``noise.kind=file`` with an index file), none
 on CC152K (real noise); COCO tested on 5 folds of 1K. The method's hyperparameters are
-the defaults of ``ncljax.methods.srem`` (the spec's suggestions where the paper gives
-none: tau -2, alpha 0.2, beta 50, b 0.5, lambda1 0.05, lambda2 1), with
+the defaults of ``ncljax.methods.srem`` (inferred defaults where the paper gives none,
+see its ``Settings``: tau -2, alpha 0.2, beta 50, b 0.5, lambda1 0.05, lambda2 1), with
 ``calibration='paper'``: the paper's energy threshold and margins (tau -2, m_clean -4,
 m_noisy 0) on the paper's backbone and batch, and its biased complementary labels in the
 warm-up too (``warmup_rectify='biased'``).

@@ -11,18 +11,19 @@ r"""UGNCL: evidence of two image views, uncertainty-guided division, trusted rob
   python train.py --config=configs/ugncl.py:cc152k --config.data.manual_dir=/path/to/files
   python train.py --config=configs/ugncl.py:vectors --config.data.folder=DIR   # your vectors
 
-Real benchmarks (``ugncl.md`` Sec. 5.3): the SGR head with its raw output
-(``model.sgraf.sim_output='raw'``) and two image views (``model.views=2``: two FC 2048->1024
-projections, one Bi-GRU and head); ``--config.model.head=saf`` for the other half of
-UGNCL*, the ensemble command above (the mean of the four views' evidences). Batch 128 in
-full batches, Adam 2e-4 with clipping 2.0; (warm-up, training epochs, lr x0.1 every):
-Flickr30K (5, 40, 20), MS-COCO (2, 20, 10; the spec's choice, the paper gives no COCO
-learning-rate schedule), CC152K (5, 40, 20); the decay counts training epochs (after the
-warm-up). Per-caption noise at 0.2 on F30K and COCO (the paper: 0.2, 0.5, 0.7;
-``noise.kind=file`` with an index file), none on CC152K (real noise); COCO tested on 5
-folds of 1K. The method's hyperparameters are the defaults of ``ncljax.methods.ugncl``
-(the paper's where it gives them; xi2 0.8; lambda annealed by 0.025 per step from 128),
-with the paper's constant thresholds (``calibration='paper'``: ``u < 0.5``, ``q > 0.5``).
+Real benchmarks (the paper's Sec. 4.2, the official code's ``opts.py``): the SGR head with
+its raw output (``model.sgraf.sim_output='raw'``) and two image views (``model.views=2``:
+two FC 2048->1024 projections, one Bi-GRU and head); ``--config.model.head=saf`` for the
+other half of UGNCL*, the ensemble command above (the mean of the four views' evidences).
+Batch 128 in full batches, Adam 2e-4 with clipping 2.0; (warm-up, training epochs, lr x0.1
+every): Flickr30K (5, 40, 20), MS-COCO (2, 20, 10; the paper gives no COCO learning-rate
+schedule, so the decay period of DECL's COCO script), CC152K (5, 40, 20); the decay counts
+training epochs (after the warm-up). Per-caption noise at 0.2 on F30K and COCO (the
+paper: 0.2, 0.5, 0.7; ``noise.kind=file`` with an index file), none on CC152K (real
+noise); COCO tested on 5 folds of 1K. The method's hyperparameters are the defaults of
+``ncljax.methods.ugncl`` (the paper's where it gives them; xi2 0.8; lambda annealed by
+0.025 per step from 128), with the paper's constant thresholds (``calibration='paper'``:
+``u < 0.5``, ``q > 0.5``).
 
 ``:synthetic``: the embedded data with 40% per-caption noise, two region-encoder views +
 Bi-GRU + cosine head, trained like ``configs/vse.py:synthetic`` (Adam 1e-3, batch 128,

@@ -1,7 +1,7 @@
 """UOT-RCL label estimation: confident set, consistent cost, targets, relation scores.
 
-The per-epoch pieces of UOT-RCL (spec ``uot_rcl.md`` §3.3-3.4, algorithm lines
-11-18) and the per-batch relation scores (§3.6, lines 26-28):
+The per-epoch pieces of UOT-RCL (the paper's Secs. IV-A and IV-B1, Eqs. 4-9) and the
+per-batch relation scores (Sec. IV-C, Eqs. 16-17):
 
 * :func:`jensen_shannon` / :func:`jensen_shannon_pairwise`: the divergence used for
   the confident set (Eq. 4) and for the relation cost (Eq. 17).
@@ -22,8 +22,8 @@ default precision.
 
 References:
   Han, Luo, Liu, Nan, "A Unified Optimal Transport Framework for Cross-Modal
-  Retrieval with Noisy Labels" (UOT-RCL), arXiv 2403.13480; equation numbers are
-  the paper's, section numbers those of ``shared/specs/uot_rcl.md``.
+  Retrieval with Noisy Labels" (UOT-RCL), arXiv 2403.13480; equation and section
+  numbers are the paper's (no official code was released).
 """
 
 import math
@@ -89,7 +89,7 @@ def jensen_shannon(p: ArrayLike, q: ArrayLike, *, axis: int = -1) -> jax.Array:
       ``[...]`` divergences (``p``'s batch shape with ``axis`` removed).
 
     References:
-      Spec ``uot_rcl.md`` §2 (definition); UOT-RCL Eq. 4 (``d_i``) and Eq. 17.
+      UOT-RCL Sec. IV-A, Eq. 4 (the definition, ``d_i``) and Sec. IV-C, Eq. 17.
     """
     p, q = _as_float(p), _as_float(q)
     total = p + q
@@ -111,9 +111,9 @@ def jensen_shannon_pairwise(p: ArrayLike, q: ArrayLike) -> jax.Array:
       C_{ij} = \mathrm{JSD}(p_i, q_j)
 
     It broadcasts to a ``[B, B', G]`` intermediate, i.e. ``B * B' * G`` floats
-    (``500 * 500 * 1000 = 2.5e8`` floats = 1 GB in float32 at the spec's largest
-    per-batch setting; ``100 * 100 * 1000 = 1e7`` for XMediaNet). Chunk the rows of
-    ``p`` with ``lax.map`` if that is too much.
+    (``500 * 500 * 1000 = 2.5e8`` floats = 1 GB in float32 with NUS-WIDE's batch of 500
+    and XMediaNet's 1000 anchors together, UOT-RCL Sec. V-B; ``100 * 100 * 1000 = 1e7``
+    for XMediaNet). Chunk the rows of ``p`` with ``lax.map`` if that is too much.
 
     Args:
       p: ``[B, G]`` row distributions (e.g. image relation scores ``R^v``).
@@ -123,8 +123,8 @@ def jensen_shannon_pairwise(p: ArrayLike, q: ArrayLike) -> jax.Array:
       ``[B, B']`` divergences in :math:`[0, \log 2]`.
 
     References:
-      UOT-RCL Eq. 17 (the relation cost; the paper's index ``i`` on ``R^t`` is a
-      typo for ``j``, spec §10 item 2).
+      UOT-RCL Sec. IV-C, Eq. 17 (the relation cost; the paper's index ``i`` on ``R^t``
+      is a typo for ``j``: with it every row of the cost would be constant).
     """
     p, q = _as_float(p), _as_float(q)
     return jensen_shannon(p[:, None, :], q[None, :, :], axis=-1)
@@ -139,11 +139,12 @@ def confident_set(p_image: ArrayLike, p_text: ArrayLike, *, per_class: int = 5) 
       \mathcal{G}_k=\{\text{the } \min(n_G, |\{i:\hat c_i=k\}|)
       \text{ samples with } \hat c_i=k \text{ and the smallest } d_i\}
 
-    Choices the spec marks as open (§10 item 10): classes are the *predicted*
-    ones, not the noisy labels; ties in ``d`` are broken by the lower index (and
-    ties in the argmax by the lower class); a class with fewer than ``per_class``
-    predicted members (possibly none) gets masked slots. Implemented as one
-    lexicographic sort of ``(class, d, index)``: ``O(N log N)``, no ``[K, N]`` buffer.
+    Choices the paper leaves open or only implies (Sec. IV-A): classes are the
+    *predicted* ones (the paper's average prediction), not the noisy labels; ties in
+    ``d`` are broken by the lower index (and ties in the argmax by the lower class); a
+    class with fewer than ``per_class`` predicted members (possibly none) gets masked
+    slots. Implemented as one lexicographic sort of ``(class, d, index)``:
+    ``O(N log N)``, no ``[K, N]`` buffer.
 
     Args:
       p_image: ``[N, K]`` image class posteriors :math:`p^v`.
@@ -155,7 +156,7 @@ def confident_set(p_image: ArrayLike, p_text: ArrayLike, *, per_class: int = 5) 
       0 where masked) and ``mask`` bool ``[K * per_class]``.
 
     References:
-      UOT-RCL Eqs. 4-5; spec §3.3 and §4 lines 13-14.
+      UOT-RCL Sec. IV-A, Eqs. 4-5.
     """
     p_image, p_text = _as_float(p_image), _as_float(p_text)
     num_samples, num_classes = p_image.shape
@@ -179,9 +180,10 @@ def random_confident_set(
     """A random confident set for the "w/o confident set" ablation (Table IV).
 
     ``num_classes * per_class`` distinct indices drawn uniformly without
-    replacement (the spec says "uniform random indices"; drawing without
-    replacement avoids duplicate anchors). If ``num_samples`` is smaller than the
-    number of slots, every sample is used once and the remaining slots are masked.
+    replacement (the paper only says it selects "random samples" into the confident
+    set, Sec. V-F; drawing without replacement avoids duplicate anchors). If
+    ``num_samples`` is smaller than the number of slots, every sample is used once and
+    the remaining slots are masked.
 
     Args:
       key: a ``jax.random.key``.
@@ -193,7 +195,7 @@ def random_confident_set(
       :class:`ConfidentSet` with ``[num_classes * per_class]`` fields.
 
     References:
-      UOT-RCL Table IV; spec §3.3 (ablation).
+      UOT-RCL Sec. V-F, Table IV (ablation).
     """
     size = num_classes * per_class
     order = jax.random.permutation(key, num_samples).astype(jnp.int32)
@@ -218,7 +220,7 @@ def knn_cosine(
     352 MB in float32 for NUS-WIDE. Ties are broken by the lower index
     (``lax.top_k``).
 
-    Excluding self is the spec's choice (§10 item 11); ``exclude_self=False``
+    Excluding self is ncljax's choice (the paper does not say); ``exclude_self=False``
     includes it (usually as the first neighbour, with similarity 1).
 
     Args:
@@ -233,7 +235,8 @@ def knn_cosine(
       their cosine similarities, in descending order of similarity.
 
     References:
-      UOT-RCL Eq. 8 (neighbour sets); spec §3.4, §9.4 item 7, §10 items 11 and 22.
+      UOT-RCL Sec. IV-B1, Eq. 8 (neighbour sets; :math:`\kappa` is about 5 per mille of
+      the training set, Sec. V-B, hence a chunked search over the whole set).
     """
     unit = _unit_rows(z)
     num_samples = unit.shape[0]
@@ -278,12 +281,12 @@ def modal_consistency(
       {\max(\cos(z_i^t,z^t_{\lozenge^v_i}),\,\delta_{den})},\,0,\,c_{\max}\right)
 
     and :math:`\mathcal{C}^t_i` with the modalities swapped (nearest confident
-    *text*, ratio text over image). The floor and clip are the spec's mandatory
-    safeguards (§3.4; not in the paper): the denominator can be ~0 or negative.
+    *text*, ratio text over image). The floor and clip are ncljax's safeguards (not
+    in the paper): the denominator can be ~0 or negative.
 
     The nearest confident item is searched among valid (masked-in) slots only and
     in the same modality; the sample itself may be its nearest confident item
-    (ratio 1; spec §10 item 10). Ties go to the lower slot. If no slot is valid,
+    (ratio 1; Eq. 7 does not exclude it). Ties go to the lower slot. If no slot is valid,
     both ratios are 1 (the unweighted vote of Eq. 8). Memory: two ``[N, |G|]``
     similarity blocks (``32000 * 1000`` floats = 128 MB each for XMediaNet).
 
@@ -298,7 +301,7 @@ def modal_consistency(
       ``(c_image, c_text)``: ``[N]`` each, in ``[0, ratio_max]``.
 
     References:
-      UOT-RCL Eqs. 6-7; spec §3.4, §10 items 3 and 10.
+      UOT-RCL Sec. IV-B1, Eqs. 6-7.
     """
     image, text = _unit_rows(z_image), _unit_rows(z_text)
     mask = jnp.asarray(confident.mask, dtype=bool)
@@ -352,12 +355,12 @@ def consistent_cost(
       \qquad C^S_{ik}=-\log\max(b_{ik},\delta_b)
 
     then, with ``shift``, :math:`C_S \leftarrow C_S-\min_{ik}C^S_{ik}` so that
-    :math:`C_S\ge0`. The floor and the shift are the spec's mandatory safeguards
-    (§3.4, §9.4 item 2): ``b`` can be ``<= 0`` (negative similarities) or ``> 1``
-    (two votes summed, ratios above 1), and negative costs next to the zero-cost
-    dummies of the partial OT transport far more than ``s``. With one label per
-    pair pass the same targets twice. Everything is under ``stop_gradient``: the
-    cost is data for the OT solver (spec §10 item 13).
+    :math:`C_S\ge0`. The floor and the shift are ncljax's safeguards (not in the
+    paper): ``b`` can be ``<= 0`` (negative similarities) or ``> 1`` (two votes summed,
+    ratios above 1), and negative costs next to the zero-cost dummies of the partial OT
+    transport far more than ``s``. With one label per pair pass the same targets twice.
+    Everything is under ``stop_gradient``: the cost is data for the OT solver (the paper
+    does not say whether gradients flow through it).
 
     Args:
       c_image: ``[N]`` modal consistency :math:`\mathcal{C}^v` (Eq. 7).
@@ -382,7 +385,7 @@ def consistent_cost(
       ``[N, K]`` cost :math:`C_S`.
 
     References:
-      UOT-RCL Eq. 8; spec §3.4, §4 line 18, §9.4 item 2, §10 item 3.
+      UOT-RCL Sec. IV-B1, Eq. 8, and Sec. IV-B2 (the zero-cost dummies of Eq. 14).
     """
     sg = lax.stop_gradient
     index_image, sim_image = knn_image
@@ -429,8 +432,8 @@ def update_targets(
     the sum of the two modalities' prototype logits (``mu . z / tau_1``), which is what
     the per-epoch statistics pass has. Ties in the argmax go to the lower class.
     ``momentum=1`` keeps the targets, ``momentum=0`` replaces them by the one-hot
-    argmax. The spec runs it once per epoch, before the cost is built (§10 item 7, an
-    ambiguity in the paper).
+    argmax. ncljax runs it once per epoch, before the cost is built (the paper does not
+    say when, Sec. IV-B1).
 
     Args:
       targets: ``[N, K]`` soft targets :math:`y` (initially the noisy one-hots).
@@ -441,7 +444,7 @@ def update_targets(
       ``[N, K]`` updated targets (rows still sum to 1 if they did).
 
     References:
-      UOT-RCL Eq. 9; spec §3.4, §4 line 15.
+      UOT-RCL Sec. IV-B1, Eq. 9.
     """
     targets = _as_float(targets)
     hard = jax.nn.one_hot(jnp.argmax(class_scores, axis=-1), targets.shape[1], dtype=targets.dtype)
@@ -465,11 +468,11 @@ def relation_scores(
     over the valid anchors; masked anchors get probability exactly 0 (logit
     :math:`-\infty`). If no anchor is valid the row is all zeros. The paper writes
     :math:`\exp(-d/\tau_2)` with :math:`d` a cosine *similarity*, which would
-    down-weight similar anchors; the spec's default is :math:`\sigma=+1` (softmax
-    of similarities), and ``sign=-1.0`` gives the paper's literal form (§10
-    item 1). Differentiable in ``z`` and ``anchors`` with finite gradients (also
-    at masked anchors and zero rows); wrap the anchors in ``stop_gradient`` as the
-    spec's default (§10 item 12) at the call site.
+    down-weight similar anchors (Eqs. 6-8 use :math:`d` as a similarity); the default
+    is :math:`\sigma=+1` (softmax of similarities), and ``sign=-1.0`` gives the paper's
+    literal form. Differentiable in ``z`` and ``anchors`` with finite gradients (also
+    at masked anchors and zero rows); wrap the anchors in ``stop_gradient`` at the call
+    site, as ``uot_rcl``'s default does (the paper does not say).
 
     Args:
       z: ``[B, D]`` batch embeddings (:math:`z^v` or :math:`z^t`).
@@ -482,7 +485,7 @@ def relation_scores(
       ``[B, G]`` rows in the simplex over the valid anchors.
 
     References:
-      UOT-RCL Eq. 16; spec §3.6, §4 line 27, §10 item 1.
+      UOT-RCL Sec. IV-C, Eq. 16.
     """
     mask = jnp.asarray(anchor_mask, dtype=bool)
     cos = jnp.matmul(_unit_rows(z), _unit_rows(anchors).T)

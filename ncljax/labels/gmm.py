@@ -110,7 +110,7 @@ def minmax_normalize(
 
     References:
       GSC (Zhao et al., CVPR 2024), Sec. 3.3 before Eq. 4; PC2 (Duan et al., ACM MM
-      2024), Sec. 3.2 (co-dividing) and the NCR code it inherits.
+      2024), Appendix B (co-dividing) and the NCR code it inherits.
     """
     x = _as_float(x)
     mask = _valid_mask(x, where)
@@ -232,7 +232,7 @@ def fit_gmm_1d(
       2019 (mixture on per-sample losses); Li et al., "DivideMix", ICLR 2020, and
       Huang et al., "NCR", NeurIPS 2021 (two-component loss GMM, low mean = clean);
       Zhao et al., "GSC", CVPR 2024, Eq. 4 (high mean = clean); Duan et al., "PC2",
-      ACM MM 2024, Sec. 3.2.
+      ACM MM 2024, Appendix B (co-dividing).
     """
     if max_iter < 0:
         raise ValueError(f"max_iter must be >= 0, got {max_iter}")
@@ -300,8 +300,8 @@ def gmm_posteriors(x: ArrayLike, gmm: GaussianMixture1D) -> jax.Array:
       high-mean one. Rows sum to 1.
 
     References:
-      PC2 (Duan et al., ACM MM 2024), Sec. 3.2 step 4; GSC (Zhao et al., CVPR 2024),
-      Eq. 4.
+      PC2 (Duan et al., ACM MM 2024), Appendix B (the posterior of each pair as its
+      clean probability); GSC (Zhao et al., CVPR 2024), Eq. 4.
     """
     x = _as_float(x)
     return jax.nn.softmax(_log_joint(x, gmm.weights, gmm.means, gmm.variances), axis=-1)
@@ -310,8 +310,8 @@ def gmm_posteriors(x: ArrayLike, gmm: GaussianMixture1D) -> jax.Array:
 def low_mean_posterior(x: ArrayLike, gmm: GaussianMixture1D) -> jax.Array:
     r"""``[N]`` posterior of the low-mean component: the clean probability over losses.
 
-    Used by NCR-style co-dividing (PC2 Sec. 3.2: :math:`w_i` with
-    :math:`c = \arg\min_k \mu_k`) and by PC2's oscillation GMM (Sec. 3.7).
+    Used by NCR-style co-dividing (PC2, Appendix B: :math:`w_i` from the lower-mean
+    component) and by PC2's oscillation GMM (PC2, Sec. 4.4, after Eq. 7).
     """
     return gmm_posteriors(x, gmm)[..., 0]
 

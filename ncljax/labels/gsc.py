@@ -12,7 +12,7 @@ normalisation of the intra-modal scores, a two-component GMM whose high-mean pos
 the intra-modal indicator (Eq. 4), temporal ensembling of both indicators (Eq. 10) and the
 final label as their minimum (Eq. 5). All jittable; labels are constants (no gradient).
 
-Equations: ``gsc.md`` sections 3.1-3.4 of the ncljax specs.
+Equations: GSC (Zhao et al., CVPR 2024), Sec. 3.3 (Eqs. 3-5 and 8) and Sec. 3.4 (Eq. 10).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def gsc_cross_modal_indicator(
 
     References:
       Zhao et al., "Mitigating Noisy Correspondence by Geometrical Structure Consistency
-      Learning", CVPR 2024, Eq. 3; ``gsc.md`` Sec. 3.1.
+      Learning", CVPR 2024, Sec. 3.3, Eq. 3.
     """
     sim = jax.lax.stop_gradient(jnp.asarray(sim))
     sim = sim.astype(jnp.result_type(sim, jnp.float32))
@@ -89,7 +89,7 @@ def gsc_intra_modal_score(
       stopped, 0 at padding.
 
     References:
-      GSC (Zhao et al., CVPR 2024), Eq. 8; ``gsc.md`` Sec. 3.2.
+      GSC (Zhao et al., CVPR 2024), Sec. 3.3, Eq. 8.
     """
     a, c = mask_structures(
         jax.lax.stop_gradient(jnp.asarray(sim_image)),
@@ -133,7 +133,7 @@ def gsc_intra_modal_indicator(
       ``(indicator [N] in [0, 1], normalised scores [N], fitted mixture)``.
 
     References:
-      GSC (Zhao et al., CVPR 2024), Eq. 4; ``gsc.md`` Sec. 3.3.
+      GSC (Zhao et al., CVPR 2024), Sec. 3.3, Eq. 4.
     """
     normalised = gmm_lib.minmax_normalize(scores, where=where)
     mixture = gmm_lib.fit_gmm_1d(
@@ -204,7 +204,7 @@ def gsc_update_labels(
       ``(GSCLabels, fitted mixture)``.
 
     References:
-      GSC (Zhao et al., CVPR 2024), Eqs. 4, 5 and 10; ``gsc.md`` Sec. 3.3-3.4.
+      GSC (Zhao et al., CVPR 2024), Secs. 3.3-3.4, Eqs. 4, 5 and 10.
     """
     posterior, normalised, mixture = gsc_intra_modal_indicator(
         intra, where=where, max_iter=max_iter, tol=tol, reg_covar=reg_covar

@@ -60,7 +60,8 @@ def split_clean(
       bool ``[N]``.
 
     References:
-      NCR official code (``co_train.split_prob``); PC2 spec Sec. 3.2 step 5.
+      NCR official code (``co_train.split_prob``), kept by the official PC2 code
+      (``pc2/co_train.py``, ``split_prob``).
     """
     prob = jnp.asarray(prob)
     mask = jnp.ones(prob.shape, bool) if where is None else jnp.asarray(where, bool)

@@ -63,7 +63,7 @@ def mass_schedule(
       The mass :math:`s_e` as a Python float.
 
     References:
-      UOT-RCL, Sec. 3.5 of the ncljax spec (the paper states only "linearly
+      UOT-RCL, Sec. V-B (the paper states only that :math:`s` is "linearly increased
       from 0.2 to 0.8"; starting after warm-up is this library's reading).
     """
     span = max(1, num_epochs - 1 - warmup_epochs)
@@ -166,7 +166,7 @@ def partial_ot_labels(
       class_marginal: ``[K]`` non-negative class prior :math:`r`, normalised to
         sum 1 here; ``None`` means uniform :math:`\tfrac1K \mathbb{1}_K`.
       epsilon: absolute entropic regularisation :math:`\varepsilon_S` (default
-        0.05; spec range 0.01-0.1).
+        0.05; not in the paper, tune within 0.01-0.1).
       corner: corner cost :math:`A` of the augmented matrix on the shifted scale
         (``None``: :math:`30\,\varepsilon`; 0 is the paper's matrix, which transports
         more than :math:`s` when costs tie at the minimum).

@@ -14,7 +14,9 @@ The loss GMM, its split with the 1% rule and the oscillation GMM are NCR's:
 margin curve is ``ncljax.losses.ranking.soft_margin`` and the ranking losses
 ``ncljax.losses.ranking.triplet_hardest`` / ``triplet_mean``.
 
-Equations: ``pc2.md`` sections 3.4 and 3.7-3.9 of the ncljax specs.
+Equations: PC2 (Duan et al., ACM MM 2024), Secs. 4.3-4.4 (Eqs. 4, 5, 7 and 8) and
+Appendix B; the classifier inputs, which the paper does not describe, follow the official
+code (``alipay/PC2-NoiseofWeb``, ``pc2/model.py``, ``SGRAF.train``).
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ def _index(index: ArrayLike) -> jax.Array:
 def resample_to_fixed(
     features: ArrayLike, batch_max_len: ArrayLike, out_len: int = 36
 ) -> jax.Array:
-    r"""Resample a batch of word features to ``out_len`` positions (:math:`\Phi_{36}`, Sec. 3.4).
+    r"""Resample a batch of word features to ``out_len`` positions (:math:`\Phi_{36}`).
 
-    The official code resamples its ``[B, L_b, D]`` batch tensor, ``L_b`` the longest caption
+    The paper does not describe this input. The official code (``pc2/model.py``,
+    ``SGRAF.train``) resamples its ``[B, L_b, D]`` batch tensor, ``L_b`` the longest caption
     of the batch, along the sequence axis. With ``n = out_len``:
 
     * ``L_b > n``: linear interpolation, PyTorch ``interpolate(mode='linear',
@@ -185,7 +188,9 @@ def prediction_oscillation(
       ``[N]`` oscillations, >= 0 up to rounding (no gradient).
 
     References:
-      Duan et al., ACM MM 2024, Eq. 7 and Sec. B; ``pc2.md`` Secs. 3.7 and 8 item 3.
+      Duan et al., ACM MM 2024, Sec. 4.4, Eq. 7 and Appendix B; the official code
+      (``pc2/co_train.py``, ``eval_train``) computes the reversed KL against its prediction
+      bank.
     """
     if direction not in KL_DIRECTIONS:
         raise ValueError(f"direction must be one of {KL_DIRECTIONS}, got {direction!r}")
@@ -232,7 +237,7 @@ def clean_soft_label(
       ``[B]`` in ``[w, 1]`` (no gradient).
 
     References:
-      Duan et al., ACM MM 2024, Eq. 8; ``pc2.md`` Sec. 3.8.
+      Duan et al., ACM MM 2024, Sec. 4.4, Eq. 8.
     """
     w, w_osc = _SG(_float(w)), _SG(_float(w_osc))
     if w.ndim != 1 or w.shape != w_osc.shape:
@@ -281,7 +286,7 @@ def assign_pseudo_captions(
       A padding noisy row, or a batch without a real clean pair, gets index 0 and cosine 0.
 
     References:
-      Duan et al., ACM MM 2024, Eq. 4; ``pc2.md`` Sec. 3.9.
+      Duan et al., ACM MM 2024, Sec. 4.3, Eq. 4.
     """
     p_noisy, p_clean = _float(p_noisy), _float(p_clean)
     if p_noisy.ndim != 2 or p_clean.ndim != 2 or p_noisy.shape[1] != p_clean.shape[1]:
@@ -327,8 +332,8 @@ def noisy_margin(
       \alpha^n_i = \alpha\,\frac{m^{s_i} - 1}{m - 1}\ (m = 10),\qquad
       \alpha^n_i = 0 \text{ if } s_i < c \ (\text{the code's cutoff } c = 0.5)
 
-    ``cutoff=None`` is the paper (no cutoff). ``detach=True`` (default, the spec's
-    recommendation) makes the margin a constant, as every other margin; ``False`` lets its
+    ``cutoff=None`` is the paper (no cutoff). ``detach=True`` (default; ncljax's choice, the
+    paper does not say) makes the margin a constant, as every other margin; ``False`` lets its
     gradient reach the pseudo-classifier through :math:`s`, as the official code.
 
     Args:
@@ -343,7 +348,9 @@ def noisy_margin(
       the code's indexing).
 
     References:
-      Duan et al., ACM MM 2024, Eq. 5; ``pc2.md`` Secs. 3.9 and 8 item 9.
+      Duan et al., ACM MM 2024, Sec. 4.3, Eq. 5; the cutoff and the undetached margin are
+      the official code's (``pc2/model.py``, ``SGRAF.train``), which the paper does not
+      mention.
     """
     cosine = _float(cosine)
     if detach:
@@ -440,9 +447,10 @@ def gather_pseudo_captions(
 
     :math:`T^p_i := T^c_{j(i)}`: the clean caption's contextual word features
     :math:`G^c_{j(i)}` (encoded with gradients) and its own length :math:`L^c_{j(i)}`, in the
-    clean batch's static padding (the spec's "clean" semantics, Sec. 3.9 [R] and Sec. 8
-    item 8). The official code instead resamples the clean batch to the noisy batch's maximum
-    length and truncates, which misaligns tokens when the two maxima differ.
+    clean batch's static padding (Eq. 4's :math:`T^p_i = T^c_j`: the clean caption itself).
+    The official code (``pc2/model.py``, ``SGRAF.train``) instead resamples the clean batch
+    to the noisy batch's maximum length and truncates, which misaligns tokens when the two
+    maxima differ.
 
     Args:
       words: ``[Bc, L, D]`` the clean batch's word features (zero past each length).
@@ -453,7 +461,7 @@ def gather_pseudo_captions(
       ``(words [Bn, L, D], lengths [Bn])``.
 
     References:
-      Duan et al., ACM MM 2024, Eq. 4; ``pc2.md`` Sec. 3.9.
+      Duan et al., ACM MM 2024, Sec. 4.3, Eq. 4.
     """
     words, lengths = jnp.asarray(words), jnp.asarray(lengths)
     if words.ndim != 3 or lengths.shape != words.shape[:1]:

@@ -21,7 +21,9 @@ of a padded batch: a padding pair is neither a query nor a candidate, and its ow
 Everything but :func:`energy` is a constant of the loss (``stop_gradient``: masks, indices,
 entropies, weights, ``Q``).
 
-Equations: ``srem.md`` sections 3.1-3.8 of the ncljax specs.
+Equations: SREM (Dang et al., AAAI 2024), "Methodology" (its sections are unnumbered):
+Eqs. 1-2 ("Energy-Guided Sample Filtration"), Eqs. 4-7 ("Swapped Gradient Weighting") and
+Eqs. 10-12 ("Cross-Modal Biased Complementary Learning"); the noisy gradient ratio of Fig. 5.
 """
 
 from __future__ import annotations
@@ -117,7 +119,11 @@ CLEAN_SETS = ("per_direction", "and", "or")
 def combine_clean_masks(
     clean_i2t: ArrayLike, clean_t2i: ArrayLike, mode: str = "per_direction"
 ) -> tuple[jax.Array, jax.Array]:
-    """The clean sets the two directions train with (``srem.md`` Sec. 8, item 5).
+    """The clean sets the two directions train with.
+
+    The paper writes one clean set and applies the filtration "symmetrically" to
+    text-to-image (Dang et al., AAAI 2024, "Model Optimization"); how the two directions'
+    sets combine is not stated.
 
     Args:
       clean_i2t: bool ``[B]`` of the image-to-text view.
@@ -246,7 +252,8 @@ def swap_weights(
       entropy_t2i: ``[B]`` of the caption queries.
       argument_i2t: ``[B]`` hinge arguments of the image-to-text view.
       argument_t2i: ``[B]`` of the text-to-image view.
-      indicator: ``'literal'`` or ``'loss_direction'`` (``srem.md`` Sec. 3.5).
+      indicator: ``'literal'`` (Eqs. 5-6 as printed) or ``'loss_direction'`` (the text's
+        swap of :math:`e(P_i)` alone).
 
     Returns:
       ``(omega_i2t, omega_t2i)``, ``[B]`` each (no gradient).
@@ -367,7 +374,7 @@ def positive_pull(
        + \mathbf S_{i\phi(i)} > 0] = -\partial L_w / \partial \mathbf S_{ii}
 
     (of the summed hinge). Summed over the two directions and split by the true mask it gives
-    the paper's noisy gradient ratio (``srem.md`` Sec. 3.8): the share of the positive pull
+    the paper's noisy gradient ratio (Fig. 5): the share of the positive pull
     that reaches mismatched pairs.
 
     Args:

@@ -7,7 +7,8 @@ label ``q``; :func:`ugd_partition` splits the pairs into the determined-clean ``
 (``u < p``, predicted), determined-noisy ``S_N`` (``u < p``, not predicted), hard-clean
 ``S_H^C`` (``u >= p``, ``q > epsilon``) and hard-noisy ``S_H^N`` sets.
 
-Two readings (``division_mode``, ``ugncl.md`` Sec. 3.5):
+Two readings (``division_mode``; the paper's Sec. 3.2.2, and the per-epoch division of
+DECL's code, ``QinYang79/DECL``, on which the official UGNCL code builds):
 
 * ``'decl_lineage'`` (default): DECL's per-direction uncertainties summed,
   ``u^w_i = K / sum_k(E_ik + 1) + K / sum_k(E_ki + 1)``, and the normalised bidirectional
@@ -17,8 +18,9 @@ Two readings (``division_mode``, ``ugncl.md`` Sec. 3.5):
 * ``'paper'``: Eqs. 4-11 as printed: the bidirectional evidence ``E_ik + E_ki`` (or their
   mean, ``bidir_mode``), a subjective-logic opinion per view, the views fused by
   Dempster-Shafer (or averaged), ``prediction_i = argmax_k b_ik == i``, ``q_i = b_ii``.
-  With UGNCL's evidence ``e >= 1`` every such uncertainty is at most ``1/5``, so at
-  ``p = 0.5`` no hard set ever forms (Sec. 3.5's proof).
+  With UGNCL's evidence ``e >= 1`` (Eq. 3) every such uncertainty is at most ``1/5``
+  (each ``alpha >= 3``, so each view's ``u = K / sum_k alpha_k <= 1/3``, and Eq. 7 fuses
+  two of them into at most ``1/5``), so at ``p = 0.5`` no hard set ever forms.
 
 The targets of the evidential loss (:func:`edl_targets`), the trusted soft margins of the
 trusted robust loss (:func:`trusted_margins`, Eq. 17) and the annealed number of hard
@@ -87,7 +89,8 @@ def division_signals(
     Args:
       log_e_views: ``[W, K, K]`` (or ``[K, K]``, one view) log-evidence, rows images,
         columns captions, the observed pairs on the diagonal.
-      mode: ``'decl_lineage'`` (the spec's default) or ``'paper'`` (see the module doc).
+      mode: ``'decl_lineage'`` (the default, after DECL's code) or ``'paper'`` (see the
+        module doc).
       view_fusion: ``'mean'`` or ``'dst'``; default: ``'mean'`` for ``'decl_lineage'``,
         ``'dst'`` for ``'paper'`` (each mode's own rule).
       bidir_mode: ``'paper'`` mode's bidirectional evidence, ``'sum'`` (the paper) or
@@ -332,8 +335,9 @@ def num_hard_negatives(
     .. math:: \lambda_t = \max(\lfloor \mathrm{start} - \delta\, t \rfloor, \theta)
 
     with ``t`` the 1-based optimisation step counted from the first warm-up step (the code
-    and DECL: ``delta = 0.025`` per step, the nominal batch 128), capped at the real
-    negatives of the batch, ``num_real - 1`` (``ugncl.md`` Sec. 3.8).
+    and DECL: ``delta = 0.025`` per step, the nominal batch 128; the paper's Sec. 3.3 counts
+    epochs), capped at the real negatives of the batch, ``num_real - 1`` (the released code
+    caps it at the batch's hard pairs instead).
 
     Args:
       step: ``t`` (traced int scalar).

@@ -12,7 +12,8 @@ r"""Evidential and trusted-robust objectives (UGNCL; the EDL loss of DECL and TM
 
 Per-pair values ``[K]``; padding pairs get 0.
 
-Equations: ``ugncl.md`` sections 3.6-3.9 of the ncljax specs.
+Equations: UGNCL (Zha et al., SIGIR 2024), Sec. 3.2.3 (Eqs. 12-15) and Sec. 3.3
+(Eqs. 16-18), and the official code (``qxzha/UGNCL``, ``model/UGNCL.py``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def trusted_robust_loss(
     *,
     where: ArrayLike | None = None,
 ) -> jax.Array:
-    r"""Trusted robust loss of each pair (UGNCL Eq. 16 with the determined sets; Sec. 3.8).
+    r"""Trusted robust loss of each pair (UGNCL Eq. 16 with the determined sets; Sec. 3.3).
 
     .. math::
 
@@ -102,7 +103,7 @@ def trusted_robust_loss(
     :math:`c_{ij} = [g_i - S_{ii} + S_{ji}]_+` (caption ``i`` against image ``j``), both using
     the pair's own margin and ``a_ii = c_ii = 0``. This is the intended orientation; the
     released code takes the caption queries' maxima over the clean images' rows and the
-    hard captions' top-``lambda`` along image rows (``ugncl.md`` Sec. 8, item 4).
+    hard captions' top-``lambda`` along image rows (``model/UGNCL.py``, ``train_batch``).
 
     Args:
       sim: ``[K, K]`` similarities (``tanh`` of the raw scores), rows images.

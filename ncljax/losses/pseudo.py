@@ -8,7 +8,8 @@ predictions from collapsing or over-sharpening.
 Every function returns ``[B]`` per-example *shares*: their mean over the real pairs (``where``)
 is the objective. A padding pair gets 0 and no gradient; its logits are never read.
 
-Equations: ``pc2.md`` section 3.5 of the ncljax specs.
+Equations: PC2 (Duan et al., ACM MM 2024), Sec. 4.2, Eqs. 2-3, and the official code
+(``alipay/PC2-NoiseofWeb``, ``pc2/model.py``: ``NonContrastiveLoss`` and ``entropy``).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def prediction_entropy_loss(
 ) -> jax.Array:
     r"""The entropy term of the pseudo-classification objective, as per-example shares.
 
-    Three forms (``pc2.md`` Sec. 3.5 and Sec. 8 item 1), with
+    Three forms, since the paper's Eq. 3 (Sec. 4.2) and the official code
+    (``pc2/model.py``, ``entropy``) disagree, with
     :math:`p_i = \mathrm{softmax}(\text{image logits}_i)` and
     :math:`\bar p = \frac1n\sum_{i\ \mathrm{real}} p_i` the mean over the ``n`` real pairs:
 

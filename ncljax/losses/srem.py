@@ -11,7 +11,8 @@ gives that objective exactly, on any number of devices. Padding pairs get 0.
 ``ncljax.labels.srem`` into the total objective of both directions (main training and
 warm-up).
 
-Equations: ``srem.md`` sections 3.3, 3.5-3.7 of the ncljax specs.
+Equations: SREM (Dang et al., AAAI 2024), "Methodology" (its sections are unnumbered):
+Eq. 3, Eq. 6, Eqs. 12-13 and the total objective of "Model Optimization".
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def complementary_loss(
 ) -> jax.Array:
     r"""Cross-modal biased complementary learning of one direction (CMBCL, Eq. 13).
 
-    Default (``form='expectation'``), the spec's reading of Eqs. 12-13: each complementary
+    Default (``form='expectation'``), a reading of Eqs. 12-13 (no official code was
+    released, and Eq. 12 taken literally is degenerate, see ``form``): each complementary
     label ``j`` of query ``i`` is drawn from :math:`\mathbf Q_{i:}` and its probability pushed
     down by negative learning,
 
@@ -182,7 +184,7 @@ def complementary_loss(
     ``prob``: ``'softmax'`` (default) :math:`\mathbf P = \mathrm{softmax}(\mathbf F_{i:})`
     over the real candidates; ``'sigmoid'`` :math:`\sigma(\mathbf F_{ij})`
     (:math:`-\log(1-\sigma) = \mathrm{softplus}`; with no positive term it collapses every
-    similarity, ``srem.md`` Sec. 8 item 10); ``'rcl'``
+    similarity, so the paper's warm-up on :math:`L_c` alone would collapse); ``'rcl'``
     :math:`\mathrm{softmax}(\sigma(\mathbf F_{i:})/\tau_{rcl})` as RCL.
 
     ``form``: the literal matrix-product readings of Eq. 12 as ablations,

@@ -15,7 +15,7 @@ gradient. Every loss is per example ``[B]``; the batch mean of the returned valu
 paper's objective (Eqs. 6, 7 and 9 divide by ``B``, not by the label sum). ``where`` masks
 padding: a masked pair is neither a negative nor a structure column, and its loss is 0.
 
-Equations: ``gsc.md`` sections 3.2, 3.5-3.7 of the ncljax specs.
+Equations: GSC (Zhao et al., CVPR 2024), Sec. 3.3, Eqs. 6-9.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def gsc_cross_modal_loss(
       ``[B]`` per-pair loss (0 at padding).
 
     References:
-      GSC (Zhao et al., CVPR 2024), Eq. 6; ``gsc.md`` Sec. 3.5.
+      GSC (Zhao et al., CVPR 2024), Sec. 3.3, Eq. 6.
     """
     sim = _square(sim, "sim")
     y, valid = _labels(labels, sim.shape[0], sim.dtype, where)
@@ -146,7 +146,9 @@ def gsc_intra_modal_loss(
       ``[B]`` per-sample loss (0 at padding).
 
     References:
-      GSC (Zhao et al., CVPR 2024), Eq. 7; ``gsc.md`` Sec. 3.6 and Sec. 8 items 6-7.
+      GSC (Zhao et al., CVPR 2024), Sec. 3.3, Eq. 7; the official GSC code
+      (``GSC+/model/RINCE.py``, ``RINCE.train_batch``) multiplies each row's loss by
+      :math:`y_j`, which Eq. 7 does not, and computes only this one direction.
     """
     a, c = mask_structures(sim_image, sim_text, labels, where=where)
     y, valid = _labels(labels, a.shape[0], a.dtype, where)
@@ -185,7 +187,7 @@ def gsc_loss(
       ``[B]`` per-pair loss.
 
     References:
-      GSC (Zhao et al., CVPR 2024), Eq. 9; ``gsc.md`` Sec. 3.7.
+      GSC (Zhao et al., CVPR 2024), Sec. 3.3, Eq. 9.
     """
     cross = gsc_cross_modal_loss(sim, labels, temperature=cross_temperature, where=where)
     intra = gsc_intra_modal_loss(

@@ -23,13 +23,16 @@ networks' similarities. ``num_networks=1`` is the single-network ``GSC`` variant
 Backbones: the SGR head (``model.head='sgr'``, sigmoid output) gives ``G_I`` and ``G_T``
 with the same head (``SGRAFModel.image_similarity``/``text_similarity``), as the paper.
 With the cosine head the intra-modal similarities are the cosines of the image (caption)
-embeddings: a deviation the spec names as the natural port (``gsc.md`` Sec. 8, item 1);
-the similarities then lie in ``[-1, 1]`` rather than ``(0, 1)``.
+embeddings: a deviation from the paper and the official code (``forward_topology`` in
+``GSC+/model/SGRAF.py``, which applies the SGR head to image-image and text-text pairs), and
+the natural port to plain embedding backbones; the similarities then lie in ``[-1, 1]``
+rather than ``(0, 1)``.
 
-Spec: ``gsc.md`` of the ncljax specs; its code-vs-paper choices are the fields of
-:class:`Settings`. The module is GSC's settings and pure functions (:func:`plan`,
-:func:`forward`, :func:`loss`, :func:`refresh`, ...); :func:`bind` makes the bundle
-and :func:`gsc` is the registry's factory.
+Sources: the paper (Zhao et al., CVPR 2024, Sec. 3) and the official code
+(``MediaBrain-SJTU/GSC``, directories ``GSC+`` and ``GSC``); where the two differ, the
+choice is a field of :class:`Settings`. The module is GSC's settings and pure functions
+(:func:`plan`, :func:`forward`, :func:`loss`, :func:`refresh`, ...); :func:`bind` makes
+the bundle and :func:`gsc` is the registry's factory.
 """
 
 from __future__ import annotations

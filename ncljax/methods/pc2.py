@@ -48,8 +48,9 @@ positions inside the clean or noisy subset rather than their ids), ``entropy_mod
 pseudo-caption update by caption), ``noisy_margin_cutoff`` (0.5; ``None``: the paper),
 ``detach_noisy_margin=False`` (the code lets the margin's gradient reach ``C``) and
 ``rectify_indicator='code'`` (the oscillation split with its 1% rule instead of
-``w_o >= tau``). The code's pseudo-captions resampled to the noisy batch's length (spec
-section 8 item 8) are a bug that is not reproduced.
+``w_o >= tau``). The code's pseudo-captions resampled to the noisy batch's length
+(``pc2/model.py``, ``SGRAF.train``; tokens misalign when the two batches' maximum lengths
+differ) are a bug that is not reproduced.
 
 In neither source: ``classification_start_epoch`` and ``center_targets``. On a cosine head
 the paper's objective collapses the classifier to one class (a caption's embedding is
@@ -64,7 +65,9 @@ The co-teaching skeleton (the plan, the streams, the co-divide and its fallback)
 it reads, the prediction bank and its oscillation division, Eq. 8's rectified targets, the
 pseudo-caption update, and the borrowed captions' class accuracy (:func:`step_metrics`).
 
-Spec: ``pc2.md`` of the ncljax specs (sections 3 and 4).
+Sources: the paper (Duan et al., ACM MM 2024, Sec. 4 and Appendix B) and the official code
+(``pc2/co_train.py`` for the warm-up, co-dividing and co-training loop, ``pc2/model.py`` for
+the losses and the pseudo-classifier).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ carries ``-log B``, so the paper's ``tau`` and margins hold for one batch size (
 calibrated ones for every batch size). The learning
 rate schedule reads epochs counted from the end of the warm-up (the paper: x0.1 after 25
 of the 50 main epochs, ``optim.step.every=25``). Every epoch, warm-up included, may be
-selected as best on validation (the spec's algorithm validates after each).
+selected as best on validation (NCR's protocol, whose training settings the paper
+adopts, validates after each).
 
 **What ``F`` is.** SGR and SAF (the paper's SGRAF, two runs averaged at evaluation with
 ``python -m ncljax.train.ensemble``): the head's raw logit ``h`` before its sigmoid, and
@@ -52,8 +53,9 @@ after every epoch the energies of clean and noisy pairs (histograms in
 ``workdir/diagnostics/``, from per-pair memory rows written by the training steps; a
 pair the epoch's last partial batch skipped keeps its previous values).
 
-No official code was released: every value the spec marks inferred or unknown is a
-field of :class:`Settings` with the spec's suggestion (``srem.md`` Sec. 5.3, 8).
+No official code was released: every value the paper leaves open is a field of
+:class:`Settings`, with a default inferred from the codebases the paper follows (NCR,
+SGRAF), the method it generalises (RCL) or the loss it cites (MS).
 """
 
 from __future__ import annotations
@@ -87,8 +89,8 @@ CALIBRATIONS = ("data", "warmup", "paper")
 
 class Settings(NamedTuple):
     r"""SREM's hyperparameters (``config.method_kwargs``): the factory's arguments. [paper]
-    values are the paper's; [spec] the spec's inference or suggestion where the paper says
-    nothing (``srem.md`` Sec. 5.3, 8).
+    values are the paper's ("Implementation Details", Fig. 4); [inferred] a value inferred
+    where the paper says nothing (from NCR, SGRAF, RCL or the MS loss, as noted).
 
     **Calibration** (``calibration='data'``, the default; ``'paper'`` keeps the constants
     ``tau``, ``m_clean``, ``m_noisy`` below exactly, as the configs do on f30k, coco and
@@ -169,34 +171,34 @@ class Settings(NamedTuple):
     something (test rSum 186 -> 269 on that world; 237 -> 437 on ``large_global``).
 
     Attributes:
-      tau: energy threshold of the clean split (Eq. 2) [spec: -2, between the margins;
-        the spec suggests a sweep over -4..0]; with ``calibration='data'`` only for the
+      tau: energy threshold of the clean split (Eq. 2) [inferred: -2, between the
+        paper's margins; worth a sweep over -4..0]; with ``calibration='data'`` only for the
         first epoch of a run without warm-up. A threshold that selects nothing is allowed;
         an epoch that selected nothing is logged as a warning.
       m_clean: energy margin of clean pairs (Eq. 3) [paper, Fig. 4: -4]; likewise.
       m_noisy: energy margin of noisy pairs [paper, Fig. 4: 0]; ``m_clean <= m_noisy``.
-      alpha: hinge margin (Eq. 6) [spec: 0.2, NCR/SGRAF's].
-      ms_beta: sharpness of the selection probabilities (Eq. 10) [spec: 50].
-      ms_b: their offset [spec: 0.5].
-      lambda1: weight of the energy-bounded loss [spec: 0.05; the paper: in [0, 1]].
-      lambda2: weight of the complementary loss [spec: 1.0].
+      alpha: hinge margin (Eq. 6) [inferred: 0.2, NCR/SGRAF's].
+      ms_beta: sharpness of the selection probabilities (Eq. 10) [inferred: 50, MS's].
+      ms_b: their offset [inferred: 0.5, MS's].
+      lambda1: weight of the energy-bounded loss [inferred: 0.05; the paper: in [0, 1]].
+      lambda2: weight of the complementary loss [inferred: 1.0; the paper: in [0, 1]].
       cl_reduction: ``'sum'`` (each query's complementary terms summed, RCL's scale) or
-        ``'mean'`` (the literal expectation) [spec: 'sum'].
+        ``'mean'`` (the literal expectation) [inferred: 'sum', RCL's scale].
       cl_prob: the probability pushed down by the complementary loss: ``'softmax'`` of the
-        row of logits [spec], ``'sigmoid'`` score (collapses in warm-up, logged) or
+        row of logits [inferred, as RCL's], ``'sigmoid'`` score (collapses in warm-up, logged) or
         ``'rcl'`` (``softmax(sigmoid(F) / rcl_tau)``, RCL's).
       rcl_tau: temperature of ``cl_prob='rcl'`` [RCL: 0.05].
-      rectify: ``'biased'`` (Eqs. 10-12) [spec], ``'uniform'`` (the "without label
+      rectify: ``'biased'`` (Eqs. 10-12) [inferred], ``'uniform'`` (the "without label
         rectification" ablation), ``'matmul_PQ'``/``'matmul_QtP'`` (literal, degenerate
         readings of Eq. 12, ablations only).
       sgw_indicator: ``'literal'`` (the swapped weight carries the other direction's
-        indicator, Eqs. 5-6 as printed) [spec] or ``'loss_direction'`` (the entropy is
+        indicator, Eqs. 5-6 as printed) [inferred] or ``'loss_direction'`` (the entropy is
         swapped, the indicator is the loss's own).
       gradient_weighting: swapped gradient weighting; ``False`` is the paper's "without
         gradient weighting" ablation (``omega = 1``).
-      clean_set: ``'per_direction'`` [spec], ``'and'`` or ``'or'`` of the two splits.
+      clean_set: ``'per_direction'`` [inferred], ``'and'`` or ``'or'`` of the two splits.
       warmup_epochs: epochs of complementary learning alone [paper: 5].
-      warmup_lambda2: multiply the warm-up loss by ``lambda2`` [spec: no; unstated].
+      warmup_lambda2: multiply the warm-up loss by ``lambda2`` [inferred: no; unstated].
       cosine_temperature: cosine head only, ``F = (cos - cosine_shift) / cosine_temperature``
         (see the module docstring) [ncljax: 0.1].
       cosine_shift: cosine head only [ncljax: 0.5].
@@ -557,10 +559,11 @@ def log_settings(s: Settings) -> None:
     if s.cl_prob == "sigmoid" and s.warmup_epochs:
         logging.warning(
             "srem: cl_prob='sigmoid' in a warm-up of complementary learning alone has the "
-            "trivial solution 'every similarity -> 0' (srem.md Sec. 8, item 10)."
+            "trivial solution 'every similarity -> 0' (RCL's softmax ties negatives to the "
+            "positive)."
         )
     logging.info(
-        "srem: values the paper does not give (srem.md Sec. 8): tau=%s alpha=%s ms_beta=%s "
+        "srem: values the paper does not give (inferred defaults): tau=%s alpha=%s ms_beta=%s "
         "ms_b=%s lambda1=%s lambda2=%s cl_reduction=%s cl_prob=%s sgw_indicator=%s "
         "clean_set=%s",
         s.tau,

@@ -63,9 +63,12 @@ training set (``ncljax.labels.ugncl.calibrate_signals``) and a determined pair w
 :class:`Settings` lists each replaced equation. A degenerate division is never trained: see
 *Fallback* there.
 
-The training script was never released: the loop is the spec's reconstruction
-(``ugncl.md`` Sec. 4), and every choice it marks is a field of :class:`Settings` with
-the spec's default (recorded in the run's ``config.json``). Where the released code is
+The training script was never released (the official repository ``qxzha/UGNCL`` holds the
+model file ``model/UGNCL.py``, the backbone ``model/SGRAF.py`` and ``opts.py``): the loop is
+reconstructed from the paper (Secs. 3 and 4.2), the model file's method signatures and the
+loop of DECL (``QinYang79/DECL``, ``train.py``), which the code builds on. Every
+reconstructed choice is a field of :class:`Settings` (recorded in the run's
+``config.json``). Where the released code is
 wrong (the trusted margin's NaN, the text-to-image orientation of the ranking terms) the
 intended form is implemented with no switch.
 
@@ -101,27 +104,29 @@ VIEW_FUSIONS = ("auto", *division.VIEW_FUSIONS)
 
 class Settings(NamedTuple):
     """UGNCL's hyperparameters (``config.method_kwargs``): the factory's arguments. [paper],
-    [code] (the released model file), [DECL] (the code lineage) and [spec] (the spec's
-    reconstruction) mark where each default comes from (``ugncl.md`` Sec. 5.3, 8).
+    [code] (the released model file and ``opts.py``), [DECL] (the code lineage) and
+    [reconstructed] (ncljax's reconstruction of the unreleased training loop) mark where each
+    default comes from; the paper's values are those of its Sec. 4.2.
 
     Attributes:
       tau: evidence temperature [paper, code: 0.1].
       evidence_fn: ``'exp_softplus'`` [paper, code] or ``'exp_tanh'`` [DECL].
       max_log_evidence: clip the log-evidence (``None``: no clip [ncljax]; every
         evidential function is exact in log space without it).
-      division_mode: ``'decl_lineage'`` [spec] or ``'paper'`` (Eqs. 8-11 as printed: never
-        a hard set at ``threshold=0.5``).
+      division_mode: ``'decl_lineage'`` [reconstructed] or ``'paper'`` (Eqs. 8-11 as
+        printed: never a hard set at ``threshold=0.5``).
       view_fusion: fusion of the views in the division: ``'auto'`` (the mode's own:
         ``'mean'`` for decl_lineage, ``'dst'`` for paper), ``'mean'`` or ``'dst'``.
       bidir_mode: ``'paper'`` division's bidirectional evidence, ``'sum'`` [paper] or
         ``'mean'`` [code, commented out].
-      division_cadence: ``'epoch'`` (a statistics pass before each epoch) [spec, DECL] or
-        ``'online'`` (each batch's own forward, no gradient) [the code's signature].
+      division_cadence: ``'epoch'`` (a statistics pass before each epoch) [reconstructed,
+        DECL] or ``'online'`` (each batch's own forward, no gradient) [the code's signature].
       threshold: uncertainty threshold ``p`` of determined vs hard [paper: 0.5].
       epsilon: soft-label threshold of hard-clean vs hard-noisy [paper: 0.5].
-      edl_target: ``'paper_soft'`` (1, 0 or ``q``) [paper, spec] or ``'binary_pred'``
-        [code, DECL].
-      edl_view_aggregation: ``'per_view_mean'`` [code, spec] or ``'dst'`` [paper].
+      edl_target: ``'paper_soft'`` (1, 0 or ``q``) [paper, reconstructed] or
+        ``'binary_pred'`` [code, DECL].
+      edl_view_aggregation: ``'per_view_mean'`` [code, reconstructed] or ``'dst'``
+        [paper].
       xi1: KL weight [paper, code: 0.1; with the cosine head 0, see the module docstring].
       xi2: trusted robust loss weight [paper: 0.8; code: 0.2].
       gamma: margin [paper: 0.2].
@@ -596,8 +601,9 @@ def log_settings(s: Settings, cosine: bool) -> None:
             s.xi1,
         )
     logging.info(
-        "ugncl: reconstructed choices (ugncl.md Sec. 4, 8): division_mode=%s view_fusion=%s "
-        "division_cadence=%s edl_target=%s edl_view_aggregation=%s xi2=%s delta=%s per step "
+        "ugncl: reconstructed choices (no official training script): division_mode=%s "
+        "view_fusion=%s division_cadence=%s edl_target=%s edl_view_aggregation=%s xi2=%s "
+        "delta=%s per step "
         "evidence_fn=%s max_log_evidence=%s",
         s.division_mode,
         s.view_fusion,

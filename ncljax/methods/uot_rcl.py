@@ -8,7 +8,7 @@ training set (``refresh_fn``):
    posteriors agree best (smallest JSD; Eqs. 4-5);
 2. momentum-smoothed soft targets (Eq. 9) and a cross-modal consistent cost from each
    pair's nearest neighbours in both modalities, weighted by modal consistency ratios
-   (Eqs. 6-8, with the spec's floor and shift safeguards);
+   (Eqs. 6-8, with ncljax's floor and shift safeguards, which the paper lacks);
 3. partial optimal transport of a growing mass ``s`` (0.2 -> 0.8) of the samples to the
    classes (Eqs. 10-14, dummy-point construction, Sinkhorn in ott-jax): the plan, times
    ``N``, is each pair's corrected soft label; untransported pairs are left out.
@@ -18,9 +18,10 @@ corrected labels (Eq. 15) plus a soft-target InfoNCE whose targets are an OT pla
 the batch's images and texts, with the JSD of their relation distributions to the
 confident set as cost (Eqs. 16-18). No gradient flows through targets or plans.
 
-Every choice the spec (``uot_rcl.md``) marks as ambiguous is a field of :class:`Settings`
-with the spec's default. The model needs ``model.classifier=True`` (unit prototypes,
-temperature ``tau_1`` = ``model.prototypes.temperature``). The module is UOT-RCL's settings and pure
+No official code was released: every choice the paper (Secs. IV-V) leaves open or
+states ambiguously is a field of :class:`Settings`, with ncljax's default. The model needs
+``model.classifier=True`` (unit prototypes, temperature ``tau_1`` =
+``model.prototypes.temperature``). The module is UOT-RCL's settings and pure
 functions (:func:`plan`, :func:`forward`, :func:`loss`, :func:`refresh`, ...);
 :func:`bind` makes the bundle and :func:`uot_rcl` is the registry's factory.
 """
@@ -70,13 +71,15 @@ class Settings(NamedTuple):
       relation_threshold: Sinkhorn threshold of the relation OT.
       relation_max_iterations: Sinkhorn iterations cap of the relation OT.
       relation_temperature: ``tau_2`` of the relation scores (1).
-      relation_sign: +1 (softmax of similarity, the spec's reading) or -1 (the paper's
+      relation_sign: +1 (softmax of similarity, as Eqs. 6-8 use ``d``) or -1 (the paper's
         literal ``exp(-d / tau_2)``).
       match_temperature: ``tau_3`` of the matching probabilities (1).
       confident: ``'jsd'`` (Eqs. 4-5) or ``'random'`` (the "w/o confident set" ablation).
       anchors: confident-set embeddings recomputed with the ``'current'`` parameters at
-        every step (stop-gradient; the spec's default) or the per-epoch ``'snapshot'``.
-      exclude_self: exclude each sample from its own neighbours (the spec's choice).
+        every step (stop-gradient; the default, the paper does not say) or the per-epoch
+        ``'snapshot'``.
+      exclude_self: exclude each sample from its own neighbours (ncljax's choice; Eq. 8
+        does not say).
       vote_normalise: normalise each sample's blended vote ``b_i`` (Eq. 8) over the
         classes before ``-log`` (default True; ``False`` is the paper's literal cost).
         The literal cost lowers a whole row by ``log`` of the vote's magnitude, so the

@@ -50,8 +50,9 @@ class MLPEncoder(nnx.Module):
     """Linear-ReLU stack with an L2-normalised output (UOT-RCL/MRL modality encoder).
 
     ``z = l2(W_n relu(... relu(W_1 x)))``; the defaults are UOT-RCL's three layers
-    ``d -> 4096 -> 4096 -> 512`` (spec section 5). Flax's LeCun-normal init is used, not
-    PyTorch's Kaiming-uniform (the spec allows either).
+    ``d -> 4096 -> 4096 -> 512`` (UOT-RCL Sec. V-B, MRL's architecture). Flax's LeCun-normal
+    init is used, not PyTorch's Kaiming-uniform of the MRL code (``penghu-cs/MRL``); the
+    paper states no init.
     """
 
     def __init__(

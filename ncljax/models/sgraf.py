@@ -15,8 +15,9 @@ reasoned over *similarity vectors*:
 Everything is batched: the ``[n_img, n_txt]`` similarity of a batch is one computation
 over caption chunks (``lax.map``; rematerialised in training when asked) with padded
 words, attention and graph nodes masked. The image-image and text-text variants of
-GSC reuse the same parameters. Equations: ``gsc.md`` section 5.1 / ``pc2.md`` 5.1 of the
-ncljax specs.
+GSC reuse the same parameters. Equations: SGRAF (Diao et al., AAAI 2021) and its official
+code (``Paranioar/SGRAF``, ``model.py``), as reused by the official PC2 code
+(``pc2/model.py``) and GSC code (``GSC+/model/SGRAF.py``, with the intra-modal variants).
 """
 
 from __future__ import annotations
