@@ -5,9 +5,11 @@
   ncljax retrieve --workdir=runs/mine --image=0
   ncljax report --out=reports/real --worlds=digits --rates=0.4
   ncljax ensemble --workdir=runs/sgr --workdir=runs/saf
+  ncljax embed --pairs=pairs.tsv --images=photos/ --out=my_pairs
 
 Each command is also ``python -m ncljax.<module>`` (``ncljax.train``, ``ncljax.audit``,
-``ncljax.retrieve``, ``ncljax.report``, ``ncljax.train.ensemble``) and takes ``--help``.
+``ncljax.retrieve``, ``ncljax.report``, ``ncljax.train.ensemble``, ``ncljax.embed``) and
+takes ``--help``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ COMMANDS = {
     "retrieve": ("ncljax.retrieve", "rank images or captions with a trained run, export vectors"),
     "report": ("ncljax.report", "the robustness report: methods x worlds x noise rates x seeds"),
     "ensemble": ("ncljax.train.ensemble", "evaluate the pooled similarity of finished runs"),
+    "embed": ("ncljax.embed", "turn a folder of images and a captions file into a vectors folder"),
 }
 
 

@@ -405,7 +405,7 @@ def pair_scores(workdir: str) -> PairScores:
 
 # --- the practitioners' baseline: the raw cosine of each pair's own vectors -------------
 
-SPACE_FILE = "embedding.json"  # in a vectors folder: how its vectors were made
+SPACE_FILE = "embedding.json"  # in a vectors folder: how its vectors were made (ncljax.embed)
 _RAW_CHUNK = 65536  # pairs per chunk of the raw cosine
 
 

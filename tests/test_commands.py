@@ -53,7 +53,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(tmp_path):
     code, _, stderr = _ncljax("trian", cwd=tmp_path)
     assert code != 0
     assert stderr.strip() == (
-        "Unknown command 'trian': use one of train, audit, retrieve, report, ensemble "
+        "Unknown command 'trian': use one of train, audit, retrieve, report, ensemble, embed "
         "(ncljax --help)."
     )
 

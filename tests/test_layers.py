@@ -29,6 +29,7 @@ LAYERS = (
     "audit",
     "retrieve",
     "report",
+    "embed",
     "__main__",
 )
 
