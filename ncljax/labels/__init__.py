@@ -82,6 +82,7 @@ from ncljax.labels.ugncl import (
     trusted_margins,
     ugd_partition,
 )
+from ncljax.labels.uot_rcl import LabelCorrection, correct_labels
 
 __all__ = [
     "ConfidentSet",
@@ -90,6 +91,7 @@ __all__ = [
     "EnergyCalibration",
     "GSCLabels",
     "GaussianMixture1D",
+    "LabelCorrection",
     "LossDivision",
     "PartialOTOutput",
     "RelationPlan",
@@ -105,6 +107,7 @@ __all__ = [
     "complementary_mask",
     "confident_set",
     "consistent_cost",
+    "correct_labels",
     "correspondence_prediction",
     "degenerate_division",
     "division_signals",

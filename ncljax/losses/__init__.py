@@ -1,4 +1,11 @@
-"""Per-example objectives: every function returns a ``[B]`` array and never reduces the batch."""
+"""Per-example objectives: a loss never reduces the batch.
+
+The rule: a loss of one term returns ``[B]`` (one value per pair or row); an objective of
+several terms returns ``([B] total, its terms)`` (``ugncl_loss``: a NamedTuple of ``[B]``;
+likewise ``ncljax.methods.srem.srem_loss`` and ``ncljax.methods.uot_rcl.uot_rcl_loss``,
+which compose estimators and so live with their methods). Each takes a ``where`` mask of
+the real rows where the batch may be padded.
+"""
 
 from ncljax.losses.classification import (
     prototype_cross_entropy,

@@ -40,6 +40,7 @@ import numpy as np
 
 from ncljax import losses, models
 from ncljax.labels import correction, ot
+from ncljax.labels import uot_rcl as uot_rcl_labels
 from ncljax.methods import base, baselines, settings
 
 _WARMUP, _MAIN = base.WARMUP, base.MAIN
@@ -248,52 +249,116 @@ def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=
     return outputs
 
 
-def relation_plan(s: Settings, outputs, mask: jax.Array) -> ot.RelationPlan:
-    """The batch's image-text OT plan (Eqs. 16-17): relation distributions of the
-    embeddings (no gradient) over the confident set, their pairwise JSD as cost."""
+class UOTRCLTerms(NamedTuple):
+    """The terms of :func:`uot_rcl_loss`, each ``[B]``: the cross-entropy on the corrected
+    labels (``plc``), the relation-aligned InfoNCE (``bhg``), and whether the batch's
+    relation plan converged (``relation_converged``, 0/1 broadcast)."""
+
+    plc: jax.Array
+    bhg: jax.Array
+    relation_converged: jax.Array
+
+
+def uot_rcl_loss(
+    z_image: jax.Array,
+    z_text: jax.Array,
+    logits_image: jax.Array,
+    logits_text: jax.Array,
+    labels: jax.Array,
+    anchor_z_image: jax.Array,
+    anchor_z_text: jax.Array,
+    anchor_mask: jax.Array,
+    *,
+    where: jax.Array | None = None,
+    relation_weight: float = 0.4,
+    match_temperature: float = 1.0,
+    relation_temperature: float = 1.0,
+    relation_sign: float = 1.0,
+    relation_epsilon: float = 0.1,
+    relation_threshold: float = 1e-5,
+    relation_max_iterations: int = 1000,
+) -> tuple[jax.Array, UOTRCLTerms]:
+    """UOT-RCL's objective ``L_PLC + lambda L_BHG`` (Eq. 19), ``([B], terms)``.
+
+    ``L_PLC``: the cross-entropy of both modalities' class logits on the corrected soft
+    labels ``Q`` (Eq. 15; :func:`ncljax.labels.correct_labels`). ``L_BHG``: the two
+    directions of InfoNCE between the batch's embeddings at ``match_temperature``, on the
+    soft targets of the relation plan (Eqs. 16-18): the image-text OT plan whose cost is
+    the Jensen-Shannon divergence of the pairs' relation distributions over the confident
+    anchors (no gradient through the plan).
+
+    Args:
+      z_image, z_text: ``[B, D]`` unit embeddings.
+      logits_image, logits_text: ``[B, K]`` class logits.
+      labels: ``[B, K]`` the pairs' corrected soft labels.
+      anchor_z_image, anchor_z_text: ``[G, D]`` the confident anchors' embeddings.
+      anchor_mask: ``[G]`` the real anchors.
+      where: ``[B]`` the real rows (padding excluded from the plan and the InfoNCE).
+      relation_weight: ``lambda``.
+      match_temperature: of the InfoNCE logits.
+      relation_temperature, relation_sign: of the relation scores (Eq. 16).
+      relation_epsilon, relation_threshold, relation_max_iterations: the plan's Sinkhorn.
+
+    Returns:
+      ``(loss [B], UOTRCLTerms)``.
+    """
+    mask = jnp.ones(z_image.shape[0], bool) if where is None else where
+    plc = losses.soft_cross_entropy(logits_image, labels) + losses.soft_cross_entropy(
+        logits_text, labels
+    )
     relation = functools.partial(
         correction.relation_scores,
-        anchor_mask=outputs["anchor_mask"],
-        temperature=s.relation_temperature,
-        sign=s.relation_sign,
+        anchor_mask=anchor_mask,
+        temperature=relation_temperature,
+        sign=relation_sign,
     )
-    z_image, z_text = outputs["image"]["emb"], outputs["text"]["emb"]
-    r_image = relation(jax.lax.stop_gradient(z_image), outputs["anchor_z_image"])
-    r_text = relation(jax.lax.stop_gradient(z_text), outputs["anchor_z_text"])
-    cost = correction.jensen_shannon_pairwise(r_image, r_text)  # Eq. 17
-    return ot.relation_plan(
-        cost,
+    r_image = relation(jax.lax.stop_gradient(z_image), anchor_z_image)
+    r_text = relation(jax.lax.stop_gradient(z_text), anchor_z_text)
+    targets = ot.relation_plan(
+        correction.jensen_shannon_pairwise(r_image, r_text),  # Eq. 17
         where=mask,
-        epsilon=s.relation_epsilon,
-        threshold=s.relation_threshold,
-        max_iterations=s.relation_max_iterations,
+        epsilon=relation_epsilon,
+        threshold=relation_threshold,
+        max_iterations=relation_max_iterations,
     )
-
-
-def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
-    """``L_PLC + lambda L_BHG`` ``[B]`` (Eq. 19): cross-entropy on the corrected labels
-    ``rows['labels']`` (Eq. 15) and the two directions of InfoNCE on the relation plan's
-    targets (Eq. 18). Warm-up: cross-entropy on the observed labels
-    (``baselines.ce_loss``, Eq. 2)."""
-    if ctx.phase == _WARMUP:
-        return baselines.ce_loss(outputs, batch, rows, peer_rows, ctx)
-    mask = batch["mask"]
-    labels = rows["labels"]  # Q = N * plan rows: the corrected soft labels (Eq. 15)
-    plc = losses.soft_cross_entropy(outputs["image_logits"], labels) + losses.soft_cross_entropy(
-        outputs["text_logits"], labels
-    )
-    targets = relation_plan(s, outputs, mask)
-    z_image, z_text = outputs["image"]["emb"], outputs["text"]["emb"]
-    logits = z_image @ z_text.T / s.match_temperature
+    logits = z_image @ z_text.T / match_temperature
     bhg = losses.info_nce(logits, targets.image_to_text, where=mask) + losses.info_nce(
         logits.T, targets.text_to_image, where=mask
     )  # Eq. 18: the two directions summed
+    converged = jnp.broadcast_to(targets.converged, plc.shape).astype(jnp.float32)
+    return plc + relation_weight * bhg, UOTRCLTerms(plc, bhg, converged)
+
+
+def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
+    """:func:`uot_rcl_loss` with the settings ``s`` on the corrected labels
+    ``rows['labels']``. Warm-up: cross-entropy on the observed labels
+    (``baselines.ce_loss``, Eq. 2)."""
+    if ctx.phase == _WARMUP:
+        return baselines.ce_loss(outputs, batch, rows, peer_rows, ctx)
+    total, terms = uot_rcl_loss(
+        outputs["image"]["emb"],
+        outputs["text"]["emb"],
+        outputs["image_logits"],
+        outputs["text_logits"],
+        rows["labels"],
+        outputs["anchor_z_image"],
+        outputs["anchor_z_text"],
+        outputs["anchor_mask"],
+        where=batch["mask"],
+        relation_weight=s.relation_weight,
+        match_temperature=s.match_temperature,
+        relation_temperature=s.relation_temperature,
+        relation_sign=s.relation_sign,
+        relation_epsilon=s.relation_epsilon,
+        relation_threshold=s.relation_threshold,
+        relation_max_iterations=s.relation_max_iterations,
+    )
     metrics = {
-        "loss_plc": plc,
-        "loss_bhg": bhg,
-        "relation_converged": jnp.broadcast_to(targets.converged, plc.shape).astype(jnp.float32),
+        "loss_plc": terms.plc,
+        "loss_bhg": terms.bhg,
+        "relation_converged": terms.relation_converged,
     }
-    return plc + s.relation_weight * bhg, base.Aux(metrics=metrics)
+    return total, base.Aux(metrics=metrics)
 
 
 def stats(s: Settings, outputs, batch) -> dict:
@@ -451,44 +516,32 @@ def _estimate(
     vote_normalise,
     knn_chunk,
 ):
-    """The per-epoch estimation on device: confident set, targets, cost, partial OT."""
-    z_image, z_text = stats["z_image"], stats["z_text"]
-    p_image = jax.nn.softmax(stats["logits_image"], -1)
-    p_text = jax.nn.softmax(stats["logits_text"], -1)
-    num_samples, num_classes = p_image.shape
-    if confident == "jsd":
-        confident_set = correction.confident_set(p_image, p_text, per_class=per_class)
-    else:
-        confident_set = correction.random_confident_set(
-            key, num_samples, num_classes=num_classes, per_class=per_class
-        )
-    # Eq. 9, before the cost: the prototype argmax of z_v + z_t is the argmax of the summed
-    # logits (mu_k . z / tau_1 with tau_1 > 0).
-    scores = stats["logits_image"] + stats["logits_text"]
-    targets_image = correction.update_targets(samples["targets_image"], scores, momentum=momentum)
-    targets_text = correction.update_targets(samples["targets_text"], scores, momentum=momentum)
-    knn = functools.partial(
-        correction.knn_cosine, k=neighbours, chunk=knn_chunk, exclude_self=exclude_self
-    )
-    c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set)
-    cost = correction.consistent_cost(
-        c_image,
-        c_text,
-        knn(z_image),
-        knn(z_text),
-        targets_image,
-        targets_text,
-        normalise=vote_normalise,
-    )
-    result = ot.partial_ot_labels(
-        cost,
+    """The per-epoch estimation on device (``ncljax.labels.uot_rcl.correct_labels``):
+    ``(samples with the new targets and labels, confident set, partial-OT output)``."""
+    fixed = uot_rcl_labels.correct_labels(
+        stats["z_image"],
+        stats["z_text"],
+        stats["logits_image"],
+        stats["logits_text"],
+        samples["targets_image"],
+        samples["targets_text"],
+        class_marginal,
         mass=mass,
-        class_marginal=class_marginal,
+        key=key,
+        per_class=per_class,
+        neighbours=neighbours,
+        momentum=momentum,
         epsilon=epsilon,
         corner=corner,
         threshold=threshold,
         max_iterations=max_iterations,
+        confident=confident,
+        exclude_self=exclude_self,
+        vote_normalise=vote_normalise,
+        knn_chunk=knn_chunk,
     )
+    targets_image, targets_text, result = fixed.targets_image, fixed.targets_text, fixed.ot
+    confident_set = fixed.confident_set
     samples = dict(
         samples, targets_image=targets_image, targets_text=targets_text, labels=result.labels
     )

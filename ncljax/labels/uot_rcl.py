@@ -1,0 +1,129 @@
+"""UOT-RCL's label correction in one call: the six estimators of an epoch, composed.
+
+UOT-RCL ("Robust Cross-modal Retrieval with Noisy Labels via Unbalanced Optimal
+Transport"): before each main epoch the labels of every pair are corrected from the
+model's embeddings and class scores: the confident set of each class (Sec. IV-A,
+Eqs. 4-5: the two modalities' predictions agree, by Jensen-Shannon divergence), the
+modal consistency with it (Eqs. 6-7), the momentum targets (Eq. 9), the nearest
+neighbours' consistent cost (Sec. IV-B1, Eq. 8) and the partial OT of that cost to the
+class marginal (Sec. IV-B2, Eqs. 10-15), whose rows are the corrected soft labels.
+:func:`correct_labels` chains them as ``ncljax.methods.uot_rcl`` trains with them; each
+step is its own function in ``ncljax.labels`` for research that changes one of them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from ncljax.labels import correction, ot
+
+
+class LabelCorrection(NamedTuple):
+    """One epoch's correction.
+
+    Attributes:
+      labels: ``[N, K]`` the corrected soft labels ``Q`` (rows sum to the mass each pair
+        was transported; a row above 1/2 is a pair the method trains on).
+      targets_image: ``[N, K]`` the image side's momentum targets (Eq. 9), for the next
+        epoch.
+      targets_text: ``[N, K]`` the text side's.
+      confident_set: the confident pairs of each class (``correction.ConfidentSet``).
+      ot: the partial OT's output (``ot.PartialOTOutput``: plan, mass, convergence).
+    """
+
+    labels: jax.Array
+    targets_image: jax.Array
+    targets_text: jax.Array
+    confident_set: correction.ConfidentSet
+    ot: ot.PartialOTOutput
+
+
+def correct_labels(
+    z_image: ArrayLike,
+    z_text: ArrayLike,
+    logits_image: ArrayLike,
+    logits_text: ArrayLike,
+    targets_image: ArrayLike,
+    targets_text: ArrayLike,
+    class_marginal: ArrayLike,
+    *,
+    mass: ArrayLike,
+    key: jax.Array | None = None,
+    per_class: int = 5,
+    neighbours: int = 10,
+    momentum: float = 0.99,
+    epsilon: float = 0.05,
+    corner: float | None = None,
+    threshold: float = 1e-6,
+    max_iterations: int = 5000,
+    confident: str = "jsd",
+    exclude_self: bool = True,
+    vote_normalise: bool = True,
+    knn_chunk: int = 2048,
+) -> LabelCorrection:
+    """UOT-RCL's label correction of ``N`` pairs over ``K`` classes (jittable).
+
+    Args:
+      z_image, z_text: ``[N, D]`` the pairs' embeddings.
+      logits_image, logits_text: ``[N, K]`` their class logits.
+      targets_image, targets_text: ``[N, K]`` the previous epoch's momentum targets (the
+        one-hot observed labels at the start).
+      class_marginal: ``[K]`` the classes' share of the transported mass (uniform, or
+        the observed label frequencies).
+      mass: the share of the pairs' mass transported this epoch (``ot.mass_schedule``).
+      key: the random confident set's key (``confident='random'``, an ablation).
+      per_class: confident pairs per class.
+      neighbours: ``k`` of the nearest-neighbour votes.
+      momentum: of the targets (Eq. 9).
+      epsilon: the partial OT's entropic regularisation.
+      corner: the cost of the dummies' corner of the partial OT (Eq. 14; None:
+        ``ot.partial_ot_labels``' default).
+      threshold, max_iterations: Sinkhorn's stopping rule.
+      confident: ``'jsd'`` (the paper) or ``'random'``.
+      exclude_self: a pair is not its own neighbour.
+      vote_normalise: the votes as distributions over classes (else raw sums).
+      knn_chunk: rows per chunk of the exact nearest-neighbour search.
+
+    Returns:
+      The :class:`LabelCorrection`.
+    """
+    p_image = jax.nn.softmax(jnp.asarray(logits_image), -1)
+    p_text = jax.nn.softmax(jnp.asarray(logits_text), -1)
+    num_samples, num_classes = p_image.shape
+    if confident == "jsd":
+        confident_set = correction.confident_set(p_image, p_text, per_class=per_class)
+    elif confident == "random":
+        if key is None:
+            raise ValueError("confident='random' needs a key.")
+        confident_set = correction.random_confident_set(
+            key, num_samples, num_classes=num_classes, per_class=per_class
+        )
+    else:
+        raise ValueError(f"confident must be 'jsd' or 'random', got {confident!r}.")
+    # Eq. 9, before the cost: the prototype argmax of z_v + z_t is the argmax of the summed
+    # logits (mu_k . z / tau_1 with tau_1 > 0).
+    scores = jnp.asarray(logits_image) + jnp.asarray(logits_text)
+    new_image = correction.update_targets(targets_image, scores, momentum=momentum)
+    new_text = correction.update_targets(targets_text, scores, momentum=momentum)
+    c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set)
+
+    def knn(z):
+        return correction.knn_cosine(z, k=neighbours, chunk=knn_chunk, exclude_self=exclude_self)
+
+    cost = correction.consistent_cost(
+        c_image, c_text, knn(z_image), knn(z_text), new_image, new_text, normalise=vote_normalise
+    )
+    result = ot.partial_ot_labels(
+        cost,
+        mass=mass,
+        class_marginal=class_marginal,
+        epsilon=epsilon,
+        corner=corner,
+        threshold=threshold,
+        max_iterations=max_iterations,
+    )
+    return LabelCorrection(result.labels, new_image, new_text, confident_set, result)
