@@ -1,1 +1,0 @@
-"""Datasets, noise and the input pipeline."""
