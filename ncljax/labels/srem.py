@@ -408,6 +408,10 @@ class EnergyCalibration(NamedTuple):
       clean_fraction: the share of the valid energies below ``threshold``.
       degenerate: bool, fewer than two distinct valid energies: nothing to divide, and
         the other fields are not estimates (a caller keeps its previous calibration).
+      separation: the share of the energies' variance the split explains, the
+        between-class over the total sum of squares (Otsu's effectiveness measure, in
+        ``[0, 1]``, invariant to ``E -> aE + c``): about 0.64 for one Gaussian, 0.75 for a
+        uniform, near 1 for two well-separated groups; 0 when degenerate.
     """
 
     threshold: jax.Array
@@ -415,6 +419,7 @@ class EnergyCalibration(NamedTuple):
     m_noisy: jax.Array
     clean_fraction: jax.Array
     degenerate: jax.Array
+    separation: jax.Array = 0.0
 
 
 def calibrate_energy(energies: ArrayLike, *, where: ArrayLike | None = None) -> EnergyCalibration:
@@ -471,7 +476,9 @@ def calibrate_energy(energies: ArrayLike, *, where: ArrayLike | None = None) -> 
     m_clean = jnp.where(degenerate, 0.0, mean_low[best]) + centre
     m_noisy = jnp.where(degenerate, 0.0, mean_high[best]) + centre
     fraction = jnp.where(degenerate, 0.0, k[best] / count)
-    return EnergyCalibration(threshold, m_clean, m_noisy, fraction, degenerate)
+    total = jnp.where(valid[order], sorted_x**2, 0.0).sum()
+    separation = jnp.where(degenerate | (total <= 0), 0.0, between[best] / count / total)
+    return EnergyCalibration(threshold, m_clean, m_noisy, fraction, degenerate, separation)
 
 
 def degenerate_division(clean: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:

@@ -416,6 +416,7 @@ def calibrate(s: Settings, memory: base.Memory, epoch: int):
     for i, d in enumerate(_DIRECTIONS):
         fit = selection.calibrate_energy(samples[f"energy_{d}"], where=last)
         diagnostics[f"calibrated_clean_fraction_{d}"] = float(fit.clean_fraction)
+        diagnostics[f"calibrated_separation_{d}"] = float(fit.separation)
         if bool(fit.degenerate):
             degenerate = True
             rows.append(previous[i])
