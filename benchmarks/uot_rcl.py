@@ -14,8 +14,8 @@ cost, not pure noise.
 Train step: the MRL backbone (``4096 -> 4096 -> 4096 -> 512`` per modality, 4096-d
 image and 300-d text features, ``K = 200``, ``|G| = 1000`` anchors) in the main phase
 (``L_PLC + 0.4 L_BHG`` with the relation OT), anchors re-encoded every step
-(``current``, the spec's default) or read from the epoch snapshot. Pairs/s exclude the
-input pipeline.
+(``current``, the method's default; the paper does not say) or read from the epoch
+snapshot. Pairs/s exclude the input pipeline.
 """
 
 import argparse
@@ -194,7 +194,7 @@ def main():
     args = parser.parse_args()
     print(f"# {machine()}")
     if args.part in ("estimate", "all"):
-        sizes = [(32000, 200, 150), (42941, 10, 200)]  # XMediaNet, NUS-WIDE (kappa: spec §5)
+        sizes = [(32000, 200, 150), (42941, 10, 200)]  # XMediaNet, NUS-WIDE (kappa: paper Sec. V-B)
         if args.n:
             sizes = [(args.n, args.k or 10, args.neighbours or 10)]
         for n, k, kappa in sizes:

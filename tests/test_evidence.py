@@ -1,6 +1,6 @@
 """Evidence, Dirichlet opinions and Dempster-Shafer fusion (ncljax.evidence) against float64.
 
-The oracles below are written from the equations of the spec (``ugncl.md`` Secs. 3.1-3.6):
+The oracles below are written from UGNCL's equations (Secs. 3.2.1-3.2.3, Eqs. 3-7 and 12-15):
 evidence, subjective-logic opinions, the combination rule with its conflict ``C`` as the
 double sum over ``k != l``, the expected squared error and the Dirichlet KL with
 ``scipy.special.gammaln`` / ``digamma``. They never call the library, and are the building
@@ -87,7 +87,7 @@ def np_log_evidence(raw, temperature=0.1, evidence_fn="exp_softplus"):
 
 
 def np_opinion(e, where=None):
-    """Sec. 3.3 per row of the evidence ``e [Q, K]``: ``(b [Q, K], u [Q], Lambda [Q])`` over
+    """Eqs. 5-6 per row of the evidence ``e [Q, K]``: ``(b [Q, K], u [Q], Lambda [Q])`` over
     the real classes (``b = 0`` on padding)."""
     e = np.atleast_2d(np.asarray(e, np.float64))
     where = np.ones(e.shape[-1], bool) if where is None else where
@@ -309,7 +309,7 @@ def test_belief_plus_uncertainty_is_one_saturated():
 
 
 def test_ds_reference_vector_k4():
-    """Sec. 3.4's vector: alpha1 = (5,2,2,3), alpha2 = (3,3,2,2) -> alpha = (9,4.5,3.25,4.5)."""
+    """Worked by hand from Eq. 7: alpha1 = (5,2,2,3), alpha2 = (3,3,2,2) -> (9,4.5,3.25,4.5)."""
     alpha1, alpha2 = np.array([5.0, 2, 2, 3]), np.array([3.0, 3, 2, 2])
     b1, u1 = ev.dirichlet_opinion(np.log(alpha1 - 1.0).astype(np.float32))[:2]
     b2, u2 = ev.dirichlet_opinion(np.log(alpha2 - 1.0).astype(np.float32))[:2]
@@ -323,7 +323,7 @@ def test_ds_reference_vector_k4():
     conflict = 1.0 - float(u1) * float(u2) / float(u)  # u = u1 u2 / (1 - C)
     np.testing.assert_allclose(conflict, 0.291667, atol=1e-6)
     np.testing.assert_allclose(ev.opinion_to_alpha(b, u), [9, 4.5, 3.25, 4.5], rtol=1e-6)
-    # The oracle agrees with the spec's numbers too.
+    # The oracle agrees with the hand-worked numbers too.
     want_b, want_u, want_c = np_ds(np.asarray(b1, np.float64), 1 / 3, [0.2, 0.2, 0.1, 0.1], 0.4)
     np.testing.assert_allclose(want_c, 7 / 24)
     np.testing.assert_allclose(want_b * 4 / want_u + 1, [9, 4.5, 3.25, 4.5], rtol=1e-6)
@@ -471,7 +471,7 @@ def test_edl_loss_closed_form(masked):
     ],
 )
 def test_edl_reference_vector(target, ls, kl, edl, ls_atol):
-    """Sec. 3.6: R = (2, -1, 0.5, -3), tau = 0.1."""
+    """Reference values worked by hand from Eqs. 3 and 12-14: R = (2, -1, 0.5, -3), tau = 0.1."""
     raw = np.array([2.0, -1.0, 0.5, -3.0], np.float32)
     log_e = ev.log_evidence(raw)[None]
     np.testing.assert_allclose(
@@ -490,7 +490,7 @@ def test_edl_reference_vector(target, ls, kl, edl, ls_atol):
     log_a_tilde = np.where(padded_y == 1, 0.0, np.asarray(ev.log_alpha(padded_log_e)))
     np.testing.assert_allclose(KL(log_a_tilde, where), [kl] * 5, rtol=1e-6)
     np.testing.assert_allclose(EDL(padded_log_e, padded_y, where, 0.1), [edl] * 5, rtol=1e-6)
-    # The oracle reproduces the spec's numbers.
+    # The oracle reproduces the reference values.
     alpha = np.exp(np_log_evidence(raw)) + 1.0
     want = np_edl(alpha, np.array(target))
     np.testing.assert_allclose([w[0] for w in want], [edl, ls, kl], rtol=1e-6, atol=ls_atol)

@@ -12,8 +12,9 @@ r"""SREM: energy-guided filtration, swapped gradient weighting, biased complemen
   python train.py --config=configs/srem.py:vectors --config.data.folder=DIR   # your vectors
 
 Real benchmarks (the paper's "Implementation Details", NCR's settings where it gives
-none): the SGR head (``--config.model.head=saf`` for the other half of SGRAF; the paper
-reports the mean of both runs' sigmoid similarities, the ensemble command above), batch
+none): the SGR head (``--config.model.head=saf`` for the other half of SGRAF, the paper's
+backbone; the ensemble command above averages both runs' sigmoid similarities, as NCR and
+SGRAF evaluate: the paper does not say how it combines them), batch
 128 in full batches, Adam 2e-4 with clipping 2.0, 5 warm-up epochs of complementary
 learning then 50 main epochs with the learning rate x0.1 after 25 of them (55 in all),
 best-on-validation selection; per-caption noise at 0.2 on
@@ -21,8 +22,9 @@ F30K and COCO (the paper: 0.2, 0.4, 0.6; ``noise.kind=file`` with an index file)
 on CC152K (real noise); COCO tested on 5 folds of 1K. The method's hyperparameters are
 the defaults of ``ncljax.methods.srem`` (inferred defaults where the paper gives none,
 see its ``Settings``: tau -2, alpha 0.2, beta 50, b 0.5, lambda1 0.05, lambda2 1), with
-``calibration='paper'``: the paper's energy threshold and margins (tau -2, m_clean -4,
-m_noisy 0) on the paper's backbone and batch, and its biased complementary labels in the
+``calibration='paper'``: the paper's margins (m_clean -4, m_noisy 0, its Fig. 4) with an
+energy threshold tau -2 that the paper does not give (inferred: the midpoint of the
+margins) on the paper's backbone and batch, and its biased complementary labels in the
 warm-up too (``warmup_rectify='biased'``).
 
 ``:synthetic``: the embedded data with 40% per-caption noise, region encoder + Bi-GRU +
@@ -54,8 +56,9 @@ SCHEDULES = {
     "vectors": (2, 18, None),
 }
 DATASETS = tuple(SCHEDULES)
-# The paper's energy constants and biased warm-up on its own backbone and batch (the
-# precomp benchmarks); elsewhere the method's defaults: calibrated, uniform warm-up.
+# The paper's energy margins (with the inferred threshold) and biased warm-up on its own
+# backbone and batch (the precomp benchmarks); elsewhere the method's defaults: calibrated,
+# uniform warm-up.
 PAPER = dict(calibration="paper", warmup_rectify="biased")
 # The synthetic preset's division, measured up to the first main epoch and then frozen (the
 # setting its figures were measured with).

@@ -136,7 +136,8 @@ def mean_average_precision(
 
     References:
       Hu et al., "Learning Cross-Modal Retrieval with Noisy Labels" (MRL), CVPR 2021;
-      UOT-RCL spec section 7 (the paper's Eq. 20 is a mis-statement of this AP).
+      Han et al., UOT-RCL (arXiv 2403.13480), Sec. V-A2, and the mAP code of
+      ``penghu-cs/MRL``; the paper's Eq. 20 is a mis-statement of this AP.
       McSherry and Najork, ECIR 2008 (AP under tied scores).
     """
     queries, query_labels = _check_embeddings(queries, query_labels, "queries")

@@ -427,7 +427,8 @@ def coco_5fold_metrics(
     Fold ``f`` holds images ``[fold_images * f, fold_images * (f + 1))`` and their captions
     ``[cpi * fold_images * f, cpi * fold_images * (f + 1))``; on COCO ``testall`` (5,000 images)
     the default gives the 5 folds of 1,000 images. Every metric is the mean over the folds and
-    ``rsum`` is the sum of the fold-averaged recalls (GSC spec 6.3).
+    ``rsum`` is the sum of the fold-averaged recalls (the 5-fold 1K evaluation of the NCR/SGRAF
+    code, ``evalrank(fold5=True)``, that GSC follows, Sec. 4.1).
 
     Args:
       sim_fn, images, texts, captions_per_image: as in :func:`retrieval_metrics`.

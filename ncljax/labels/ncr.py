@@ -102,7 +102,7 @@ def loss_division(
       ``LossDivision``.
 
     References:
-      Huang et al., NeurIPS 2021, Sec. 3.2 (co-divide, Eq. 3-4).
+      Huang et al., NeurIPS 2021, the co-divide step (Eq. 3-4).
     """
     normalised = gmm_lib.minmax_normalize(losses, where=where)
     fit = gmm_lib.fit_gmm_1d(

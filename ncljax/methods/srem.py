@@ -16,8 +16,8 @@ is per batch (no per-epoch pass over the training set, no GMM, one network):
   complementary label, weighted towards the hard ones (multi-similarity probabilities,
   Eqs. 10-12), pushed down by ``-log(1 - P)`` (Eq. 13).
 
-The threshold and margins are the paper's constants (``calibration='paper'``) or
-calibrated on the energies of the previous epoch (``'data'``, the default, re-measured
+The threshold and margins are constants (``calibration='paper'``: the paper's margins,
+Fig. 4, and a threshold inferred between them) or calibrated on the energies of the previous epoch (``'data'``, the default, re-measured
 before every epoch; ``'warmup'``: frozen after the warm-up; see ``Settings``); a batch
 whose division selects no pair or every pair trains the warm-up objective. The warm-up's
 complementary labels are uniform (``warmup_rectify``).

@@ -1,8 +1,9 @@
 """Tests for ncljax.labels.ot against float64 numpy Sinkhorn/Dykstra loops and an exact LP.
 
-References written here (spec section 9.5):
+References written here (standard algorithms for UOT-RCL's partial OT, Sec. IV-B2, Eqs. 10-14):
   R1 ``_np_sinkhorn``: balanced log-domain Sinkhorn (the augmented problem of Eq. 14).
-  R2 ``_np_partial_dykstra``: entropic partial OT by Dykstra / Bregman projections.
+  R2 ``_np_partial_dykstra``: entropic partial OT by Dykstra / Bregman projections
+     (Benamou et al. 2015, as POT's ``entropic_partial_wasserstein``).
   R3 ``_lp_partial`` / ``_lp_balanced``: exact LPs with scipy HiGHS (tiny sizes only).
 """
 
@@ -236,7 +237,8 @@ def test_partial_feasibility(seed, epsilon, mass):
 
 
 def test_partial_corner_zero_leakage_vanishes_with_epsilon():
-    """Spec 9.4 item 3: with A = 0 the entropic slack shrinks as epsilon decreases."""
+    """Entropic leakage through the corner: with A = 0 the entropic slack shrinks as epsilon
+    decreases."""
     rng = np.random.default_rng(0)
     cost = jnp.asarray(_vote_cost(rng, 300, 10), jnp.float32)
     excess = [
@@ -296,7 +298,7 @@ def test_partial_approaches_lp_as_epsilon_shrinks():
 
 
 def test_partial_negative_cost_regression():
-    """Spec 9.4 item 2: negative costs with zero dummy costs inflate the transported mass."""
+    """Negative costs with the paper's zero dummy costs (Eq. 14) inflate the transported mass."""
     rng = np.random.default_rng(0)
     n, k, mass = 300, 10, 0.3
     cost = _vote_cost(rng, n, k)

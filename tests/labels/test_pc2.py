@@ -1,9 +1,11 @@
 """PC2's estimators (ncljax.labels.pc2) against float64 numpy loops.
 
-The oracles are written from the equations of the spec (``pc2.md`` Secs. 3.4, 3.7-3.9) and
-never call the library. The resampling oracle follows the spec's restatement of PyTorch's
-``interpolate(mode='linear', align_corners=False)`` and is itself checked against the spec's
-sanity values for ``L_b = 40`` and against ``np.interp``.
+The oracles are written from the paper's equations (Secs. 4.3-4.4, Eqs. 4-8) and the
+official code (``alipay/PC2-NoiseofWeb``: the classifier's text input resampled to 36
+positions, the oscillation against the prediction bank) and never call the library. The
+resampling oracle restates PyTorch's ``interpolate(mode='linear', align_corners=False)`` and
+is itself checked against sanity values worked by hand for ``L_b = 40`` and against
+``np.interp``.
 """
 
 import functools
@@ -26,7 +28,7 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 # ---------------------------------------------------------------------------------------------
-# Phi_36 (Sec. 3.4): oracle.
+# Phi_36 (the official code's resampling of the text input to 36 positions): oracle.
 
 
 def np_taps(length, out_len=OUT):
@@ -40,7 +42,8 @@ def np_taps(length, out_len=OUT):
 
 
 def np_resample(features, length, out_len=OUT):
-    """The spec's three cases over the first ``length`` positions of ``features``."""
+    """The three cases (interpolate, centre-pad, identity) over the first ``length`` positions
+    of ``features``."""
     features = np.asarray(features, np.float64)[:, :length]
     out = np.zeros((features.shape[0], out_len, features.shape[2]))
     if length > out_len:
@@ -478,7 +481,7 @@ def test_noisy_margin_values_cutoff_and_gradient():
     np.testing.assert_allclose(
         pc2.noisy_margin(s, cutoff=None), np_noisy_margin(s, cutoff=None), rtol=RTOL, atol=ATOL
     )
-    # The spec's reference values of the m = 10 curve, alpha = 0.2.
+    # Reference values of the m = 10 curve (Eq. 5), worked by hand, alpha = 0.2.
     np.testing.assert_allclose(pc2.noisy_margin(s)[3:], [0.048051, 0.117991, 0.2], atol=1e-6)
     np.testing.assert_array_equal(pc2.noisy_margin(s)[:3], 0.0)
     np.testing.assert_allclose(

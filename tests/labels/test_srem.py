@@ -1,8 +1,8 @@
 """SREM's estimators (ncljax.labels.srem) against float64 numpy loops.
 
-The oracles below are written from the equations of the spec (``srem.md`` Sec. 3), one python
-loop over the queries and one over the candidates, and never call the library. They are also
-the building blocks of the objective's oracle in ``tests/losses/test_srem.py``.
+The oracles below are written from the equations of the paper's "Methodology" (Eqs. 1-13),
+one python loop over the queries and one over the candidates, and never call the library.
+They are also the building blocks of the objective's oracle in ``tests/losses/test_srem.py``.
 """
 
 import functools

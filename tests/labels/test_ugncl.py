@@ -1,10 +1,11 @@
 """UGNCL's uncertainty-guided division and label rules (ncljax.labels.ugncl) against float64.
 
-The oracles are python loops over the pairs and classes written from ``ugncl.md`` Secs. 3.5,
-3.7 and 3.8 (the division signals of both modes, the partition, the targets, the trusted
-soft margins, the hard-negative schedule); the subjective-logic pieces come from
-tests/test_evidence.py. They never call the library and are reused by
-tests/losses/test_evidential.py.
+The oracles are python loops over the pairs and classes written from the paper's Secs. 3.1-3.3
+(Eqs. 2, 8-11, 16-17), the released code (``qxzha/UGNCL``) and DECL's per-epoch
+division (``QinYang79/DECL``) that it builds on (the division signals of both modes, the
+partition, the targets, the trusted soft margins, the hard-negative schedule); the
+subjective-logic pieces come from tests/test_evidence.py. They never call the library and
+are reused by tests/losses/test_evidential.py.
 """
 
 import functools
@@ -59,9 +60,10 @@ def _gap(row, i, columns):
 
 
 def np_division(log_e_views, where=None, mode="decl_lineage", view_fusion=None, bidir="sum"):
-    """Sec. 3.5 from the ``[W, K, K]`` log-evidence (rows images): ``(u, prediction, q, gap)``
-    per pair; padding pairs ``u = 1``, no prediction, ``q = 0``. ``gap`` is the margin of the
-    argmax decision (near-ties make float32 and float64 disagree)."""
+    """The division (Eqs. 8-11, or DECL's reading over the views) from the ``[W, K, K]``
+    log-evidence (rows images): ``(u, prediction, q, gap)`` per pair; padding pairs ``u = 1``,
+    no prediction, ``q = 0``. ``gap`` is the margin of the argmax decision (near-ties make
+    float32 and float64 disagree)."""
     log_e = np.asarray(log_e_views, np.float64)
     log_e = log_e[None] if log_e.ndim == 2 else log_e
     num_views, num = log_e.shape[0], log_e.shape[-1]
@@ -136,7 +138,7 @@ def np_soft_margin(q, margin=0.2, curve=10.0):
 
 def np_trust(u, sharpness=10.0, clean=True):
     """``1 / (1 + (1/u - 1)^(-Delta))`` (hard-clean) or ``1 / (1 + (u / (1 - u))^(-Delta))``
-    (hard-noisy), Eq. 17 as printed in the spec, ``u`` clipped to ``[1e-6, 1 - 1e-6]``."""
+    (hard-noisy), Eq. 17 as printed in the paper's PDF, ``u`` clipped to ``[1e-6, 1 - 1e-6]``."""
     u = min(max(float(u), 1e-6), 1.0 - 1e-6)
     base = 1.0 / u - 1.0 if clean else u / (1.0 - u)
     return 1.0 / (1.0 + base ** (-sharpness))
@@ -197,7 +199,7 @@ def signals(log_e, where, mode, view_fusion, bidir_mode):
 
 
 # ---------------------------------------------------------------------------------------------
-# Division signals (Sec. 3.5).
+# Division signals (Eqs. 8-11).
 
 
 @pytest.mark.parametrize(("mode", "view_fusion", "bidir"), MODES)
@@ -255,7 +257,7 @@ def test_decl_lineage_by_hand():
 
 @pytest.mark.parametrize(("bidir", "bound"), [("sum", 1 / 5), ("mean", 1 / 3)])
 def test_paper_rule_never_gives_a_hard_set(bidir, bound):
-    """Sec. 3.5's proof: evidence >= 1, so with two views fused by DST ``u <= 1/5`` (bidir
+    """Worked from Eqs. 3-8: evidence >= 1, so with two views fused by DST ``u <= 1/5`` (bidir
     sum) or ``u < 1/3`` (mean) and no pair reaches ``p = 0.5``; DECL's reading does."""
     rng = np.random.default_rng(120)
     batches = [raw_views(121 + s, 2, 6, scale=sc) for s, sc in enumerate((0.5, 1.0, 3.0, 10.0))]
@@ -344,8 +346,8 @@ def test_edl_targets(kind):
     [(0.5, 0.5, 0.5), (0.55, 0.118501, 0.881499), (0.6, 0.017046, 0.982954), (0.9, 2.87e-10, 1.0)],
 )
 def test_trusted_margin_reference_weights(u, clean_weight, noisy_weight):
-    """Sec. 3.7: sigma(-Delta logit u) / sigma(Delta logit u); with q = 1 the soft margin is
-    gamma, so the margin over gamma is the weight."""
+    """Eq. 17: sigma(-Delta logit u) / sigma(Delta logit u), reference weights worked by hand;
+    with q = 1 the soft margin is gamma, so the margin over gamma is the weight."""
     codes = np.array([HARD_CLEAN, HARD_NOISY, CLEAN, NOISY], np.int8)
     got = np.asarray(trusted(codes, np.full(4, u, np.float32), np.ones(4, np.float32))) / 0.2
     np.testing.assert_allclose(got, [clean_weight, noisy_weight, 1.0, 0.0], rtol=2e-3, atol=1e-6)

@@ -1,10 +1,13 @@
 """UGNCL's objectives (ncljax.losses.evidential) against float64 numpy loops.
 
-The oracles are written from ``ugncl.md`` Secs. 3.6-3.9 with python loops over the pairs and
-never call the library: the evidential loss (Eqs. 12-14, from tests/test_evidence.py), the
-trusted robust loss in its intended per-pair form (Sec. 3.8) and, to pin the orientation,
-the released code's reading of it (Sec. 8, item 4 (a)-(c)), the warm-up loss and the overall
-objective (Sec. 3.9). Labels, codes and margins come from tests/labels/test_ugncl.py.
+The oracles are written from the paper's Secs. 3.2.3-3.3 (Eqs. 12-18) and the released
+``model/UGNCL.py`` (``qxzha/UGNCL``) with python loops over the pairs and never call the
+library: the evidential loss (Eqs. 12-14, from tests/test_evidence.py), the trusted robust
+loss in its intended per-pair form (Eq. 16 on the hard sets, Eq. 1's hardest negative on the
+determined-clean pairs, the determined-noisy ones left out as in the released code) and, to
+pin the orientation, the released code's reading of it (its three text-to-image deviations,
+(a)-(c) of ``np_trl_released``), the warm-up loss and the overall objective (Eq. 18).
+Labels, codes and margins come from tests/labels/test_ugncl.py.
 """
 
 import functools
@@ -70,7 +73,7 @@ def np_violations(sim, i, g, real):
 
 
 def np_trl(sim, codes, margins, lam, where):
-    """Sec. 3.8, intended form, per pair: hardest negatives on S_C, top-lambda means on the
+    """Eq. 16, intended form, per pair: hardest negatives on S_C, top-lambda means on the
     hard sets, 0 on S_N, each pair with its own margin."""
     real = real_of(where)
     out = np.zeros(len(where))
@@ -83,7 +86,7 @@ def np_trl(sim, codes, margins, lam, where):
 
 
 def np_trl_released(sim, codes, margins, lam, where, a=True, b=True, c=True):
-    """The released code's reading (Sec. 8, item 4) as a batch total; each flag one of its
+    """The released code's reading (``model/UGNCL.py``) as a batch total; each flag one of its
     deviations, all off = the intended form. (c) the margins are a ``[K, 1]`` column, so
     caption ``j``'s cost against image ``i``, ``[g - S_jj + S_ij]_+``, carries the negative
     image's margin ``g_i`` (intended: the caption's own ``g_j``); (a) the determined-clean
@@ -146,7 +149,7 @@ def np_ugncl(
     kl_weight=0.1,
     robust_weight=0.8,
 ):
-    """Sec. 3.9: ``(total, shares, evidential, robust)`` with ``total = L_e + xi2 sum_w sum_i
+    """Eq. 18: ``(total, shares, evidential, robust)`` with ``total = L_e + xi2 sum_w sum_i
     l^w_i`` and ``shares_i = L^e_i + xi2 K sum_w l^w_i`` (mean over the real pairs = total)."""
     evid = np.exp(np.asarray(log_e_views, np.float64))
     views, num = evid.shape[0], len(where)
@@ -256,7 +259,7 @@ def test_top_k_mean_traced_k_does_not_recompile():
 
 
 # ---------------------------------------------------------------------------------------------
-# Trusted robust loss (Eq. 16, Sec. 3.8).
+# Trusted robust loss (Eq. 16, the paper's Sec. 3.3).
 
 TRL = jit(lambda s, c, m, lam, where: trusted_robust_loss(s, c, m, lam, where=where))
 WARMUP = jit(lambda s, lam, where: trl_warmup_loss(s, lam, margin=0.25, where=where))
@@ -277,7 +280,7 @@ def test_trusted_robust_loss_matches_oracle(masked):
 
 
 def test_trusted_robust_loss_orientation_is_intended_not_released():
-    """Sec. 8, item 4: the released orientation differs on (a) the clean pairs' caption term,
+    """The released code's orientation differs on (a) the clean pairs' caption term,
     (b) the hard pairs' caption top-lambda, (c) the margin of the negative image."""
     sim = np.array(
         [
@@ -323,7 +326,7 @@ def test_trl_warmup_loss_matches_oracle(masked):
 
 
 # ---------------------------------------------------------------------------------------------
-# The overall objective (Eq. 18, Sec. 3.9).
+# The overall objective (Eq. 18, the paper's Sec. 3.3).
 
 
 @jit(static_argnames=("warmup", "aggregation"))

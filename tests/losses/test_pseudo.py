@@ -1,8 +1,10 @@
 """PC2's pseudo-classification losses (ncljax.losses.pseudo) against float64 numpy loops.
 
-The oracles are written from the spec (``pc2.md`` Sec. 3.5): the objectives directly (means
-of per-example entropies, the entropy of the batch-mean prediction) and, separately, the
-per-example shares, so that "the mean of the shares is the objective" is a checked claim.
+The oracles are written from the paper's Sec. 4.2 (Eqs. 2-3, Eq. 3 as printed and with
+SCAN's sign) and the official code's entropy term (``alipay/PC2-NoiseofWeb``,
+``pc2/model.py``): the objectives directly (means of per-example entropies, the entropy of
+the batch-mean prediction) and, separately, the per-example shares, so that "the mean of the
+shares is the objective" is a checked claim.
 Gradients of the objectives are checked against central differences of the float64 oracles.
 """
 
@@ -277,8 +279,9 @@ def test_cross_entropy_gradient_is_softmax_minus_one_hot():
 
 
 def test_code_entropy_optimum_of_one_sample():
-    # Spec Sec. 3.5: with K = 128 and weight 10, -log p_q - 10 H(p) is minimal near
-    # p_q = 0.05 (the rest flat), the pseudo-label keeping the argmax.
+    # Worked from Eq. 2 and the code's entropy term: with K = 128 and weight 10,
+    # -log p_q - 10 H(p) is minimal near p_q = 0.05 (the rest flat), the pseudo-label keeping
+    # the argmax.
     k = 128
     z = np.linspace(0.0, 6.0, 601, dtype=np.float32)
     image = np.zeros((len(z), k), np.float32)

@@ -1,9 +1,10 @@
 """SREM's objectives (ncljax.losses.srem) against float64 numpy loops.
 
-The loss oracles are written from the equations (``srem.md`` Secs. 3.3, 3.5-3.7) with python
-loops and never call the library; the estimators' oracles come from tests/labels/test_srem.py.
-RCL's complementary contrastive loss (``penghu-cs/RCL``, ``CCL``, ``method='log'``) is
-reimplemented from its description to check that CMBCL contains it.
+The loss oracles are written from the paper's equations (Eqs. 3 and 5-13, and the total
+objective of its "Model Optimization") with python loops and never call the library; the
+estimators' oracles come from tests/labels/test_srem.py. RCL's complementary contrastive
+loss (``penghu-cs/RCL``, ``CCL``, ``method='log'``) is reimplemented from its description
+to check that CMBCL contains it.
 """
 
 import functools
@@ -42,7 +43,8 @@ from tests.labels.test_srem import (
 )
 
 RTOL, ATOL = 1e-5, 1e-6
-# The spec's clamp 1 - 1e-6 of the matrix-product readings, as float32 holds it.
+# The clamp 1 - 1e-6 of Eq. 12's literal matrix-product readings (the ablations, which can
+# exceed 1 inside log(1 - S')), as float32 holds it.
 CLAMP = float(np.float32(1.0 - 1e-6))
 
 
@@ -167,8 +169,8 @@ DEFAULTS = {
 
 
 def np_srem(logits, where, **config):
-    """The total objective (Sec. 3.7) from the oracles, its per-pair shares and the constants
-    of each direction (clean set used, phi, omega, A, Q, kappa)."""
+    """The total objective ("Model Optimization") from the oracles, its per-pair shares and
+    the constants of each direction (clean set used, phi, omega, A, Q, kappa)."""
     cfg = {**DEFAULTS, **config}
     logits = np.asarray(logits, np.float64)
     views = {"i2t": logits, "t2i": logits.T}

@@ -121,8 +121,10 @@ def np_prototype_logits(z, prototypes, temperature):
 # ---------------------------------------------------------------------------------------------
 # SGRAF (ncljax.models.sgraf), following the official PyTorch code: one caption at a time,
 # sliced to its valid length, against every image (``EncoderSimilarity.forward``); no
-# padding and no masks anywhere. GSC's intra-modal variants follow the table "The three
-# uses of the head" of gsc.md section 5.1.
+# padding and no masks anywhere. GSC's intra-modal variants follow the official GSC code
+# (``MediaBrain-SJTU/GSC``; the paper's Sec. 3.2): image against image region by region
+# without attention, caption against caption through SCAN attention, each with its 1e-6
+# terms.
 
 SGRAF_BN_EPS = 1e-5
 SGRAF_BN_MOMENTUM = 0.1
