@@ -17,8 +17,9 @@ is per batch (no per-epoch pass over the training set, no GMM, one network):
   Eqs. 10-12), pushed down by ``-log(1 - P)`` (Eq. 13).
 
 The threshold and margins are constants (``calibration='paper'``: the paper's margins,
-Fig. 4, and a threshold inferred between them) or calibrated on the energies of the previous epoch (``'data'``, the default, re-measured
-before every epoch; ``'warmup'``: frozen after the warm-up; see ``Settings``); a batch
+Fig. 4, and a threshold inferred between them) or calibrated on the energies of the
+previous epoch (``'data'``, the default, re-measured before every epoch; ``'warmup'``:
+frozen after the warm-up; see ``Settings``); a batch
 whose division selects no pair or every pair trains the warm-up objective. The warm-up's
 complementary labels are uniform (``warmup_rectify``).
 
