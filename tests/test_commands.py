@@ -58,6 +58,7 @@ def test_the_command_lists_its_subcommands_and_refuses_an_unknown_one(tmp_path):
     )
 
 
+@pytest.mark.slow  # 12 s; CI trains and audits by name from the installed wheel (.ci/run)
 def test_train_and_audit_by_name_from_another_directory(tmp_path):
     """``ncljax train --config=vse:synthetic,quick`` where there is no checkout, then
     ``ncljax audit`` of the run (a baseline: nothing to audit, said in one line)."""

@@ -1,5 +1,6 @@
-"""``ncljax embed``: a folder of images and a pairs file -> a vectors folder that trains,
-batched and resumable (offline, with the random encoder; ``open_clip`` where installed)."""
+"""``ncljax embed``: a folder of images and a pairs file -> a vectors folder, batched and
+resumable (offline, with the random encoder; ``open_clip`` where installed). CI trains,
+audits and queries such a folder from the installed wheel (``.ci/run``)."""
 
 import json
 import os
@@ -121,7 +122,7 @@ def test_a_stopped_embedding_resumes_from_its_saved_chunks(tmp_path, monkeypatch
         np.testing.assert_array_equal(np.load(out / name), np.load(fresh / name))
 
 
-def test_bad_inputs_are_one_line_and_the_folder_trains(tmp_path):
+def test_bad_inputs_are_one_line_and_the_folder_opens(tmp_path):
     paths = _pictures(tmp_path, 50)
     pairs = _pairs_file(tmp_path, paths)
 
@@ -155,27 +156,9 @@ def test_bad_inputs_are_one_line_and_the_folder_trains(tmp_path):
     assert out.stdout.strip().endswith(
         "Next: ncljax train --config=gsc:vectors --config.data.folder=f"
     )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ncljax",
-            "train",
-            "--config=infonce:vectors",
-            "--config.data.folder=f",
-            "--config.train.epochs=1",
-            "--config.train.batch_size=4",
-            "--config.eval.batch_size=4",
-            "--config.train.progress_bar=False",
-            "--workdir=run",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env=dict(os.environ, XLA_FLAGS=""),
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
+    cfg = vectors.default_config()
+    cfg.folder = str(tmp_path / "f")
+    assert sources.load_dataset(cfg).split("val").num_images == 12  # it opens; CI trains on it
 
 
 def test_open_clip_with_random_weights_when_installed(tmp_path):
