@@ -95,6 +95,7 @@ class Run(NamedTuple):
       captions: ``[num_captions]`` caption texts, or None.
       encode_items: ``(side, items) -> [n, K, ...]`` representations of new images or
         captions by the same model (:func:`encode`); None where the run was not loaded.
+      info: the dataset's ``DatasetInfo`` (the input widths :func:`encode` checks).
     """
 
     workdir: str
@@ -106,6 +107,7 @@ class Run(NamedTuple):
     image_ids: list[str] | None
     captions: list[str] | None
     encode_items: Callable | None = None
+    info: Any = None
 
     @property
     def num_images(self) -> int:
@@ -159,7 +161,10 @@ def load(workdir: str, split: str = "test") -> Run:
             return evaluator.encode_items(state, side, items)
 
     image_ids, captions = _display_texts(config, split)
-    return Run(workdir, split, config, method, encoded, mesh, image_ids, captions, encode_items)
+    info = evaluator.dataset.info
+    return Run(
+        workdir, split, config, method, encoded, mesh, image_ids, captions, encode_items, info
+    )
 
 
 def _display_texts(config, split: str) -> tuple[list[str] | None, list[str] | None]:
@@ -396,7 +401,7 @@ def _items(run: Run, side: str, values) -> dict[str, np.ndarray]:
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(f"{noun}= needs one or more items along the first axis of each field.")
     dims = {"global_image": "image_dim", "global_text": "text_dim", "regions": "region_dim"}
-    dataset_info = _dataset_info(run)
+    dataset_info = run.info or sources.load_dataset(run.config.data).info
     for field, array in items.items():
         if field in dims:
             want = getattr(dataset_info, dims[field])
@@ -409,10 +414,6 @@ def _items(run: Run, side: str, values) -> dict[str, np.ndarray]:
                 raise ValueError(f"{noun}= {field} holds NaN or infinite values.")
             items[field] = array.astype(np.float32)
     return items
-
-
-def _dataset_info(run: Run):
-    return sources.load_dataset(run.config.data).info
 
 
 def encode(run: Run | str, *, images=None, texts=None) -> tuple:
@@ -669,8 +670,15 @@ def format_ranking(run: Run, kind: str, index: int, ranking: Ranking, k: int) ->
         query = query.replace(", image", f", caption {index} of image")
         if run.captions is not None:
             query += f' "{printable(run.captions[index])}"'
-    lines = [f"{query}: top {shown} of {total} {noun}s, most similar first (* its own)"]
+    header = f"{query}: top {shown} of {total} {noun}s, most similar first (* its own)"
+    return [header, *_ranked_lines(run, noun, ranking, k, own)]
+
+
+def _ranked_lines(run: Run, noun: str, ranking: Ranking, k: int, own=()) -> list[str]:
+    """The top ``k`` lines: rank, index (``*``: in ``own``), similarity, and for captions
+    their image; ids and caption texts where given."""
     width = len(str(max(run.num_images, run.num_captions) - 1))
+    cpi, lines = run.captions_per_image, []
     for rank, (i, s) in enumerate(zip(ranking.index[:k], ranking.score[:k], strict=True), 1):
         line = f"{rank:>4}  {noun} {i:>{width}}{'*' if i in own else ' '} {s:>8.4f}"
         if noun == "caption":
@@ -719,17 +727,8 @@ def _run_vector_query(run: Run, kind: str, path: str, k: int) -> list[str]:
     ranking = query(run, **{side: _load_vector(path)})
     noun = "caption" if side == "image" else "image"
     shown, total = min(k, ranking.index.size), ranking.index.size
-    lines = [f"a new {side} ({path}): top {shown} of {total} {noun}s of split {run.split!r}"]
-    width = len(str(max(run.num_images, run.num_captions) - 1))
-    cpi = run.captions_per_image
-    for rank, (i, s) in enumerate(zip(ranking.index[:k], ranking.score[:k], strict=True), 1):
-        line = f"{rank:>4}  {noun} {i:>{width}}  {s:>8.4f}"
-        if noun == "caption":
-            line += f"  {_image_text(run, i // cpi)}{_caption_text(run, i)}"
-        elif run.image_ids is not None:
-            line += f"  {printable(run.image_ids[i])}"
-        lines.append(line)
-    return lines
+    header = f"a new {side} ({path}): top {shown} of {total} {noun}s of split {run.split!r}"
+    return [header, *_ranked_lines(run, noun, ranking, k)]
 
 
 def main(argv):

@@ -253,6 +253,11 @@ class Evaluator:
         # One function object for the run, so evaluation compiles once.
         self._sim_fn = functools.partial(_network_similarity, graphdef, transform, pool)
 
+    @property
+    def dataset(self):
+        """The dataset whose splits this evaluator scores."""
+        return self._dataset
+
     @classmethod
     def of_method(cls, graphdef, dataset, config, mesh, method) -> Evaluator:
         """The evaluator of a run of ``method`` (its ``eval_transform`` and ``eval_pool``)
