@@ -173,10 +173,6 @@ class Choice:
     def names(self) -> tuple:
         return tuple(k.name for k in self.kinds)
 
-    def rule(self) -> Rule:
-        """The choice's field accepts the names of its kinds."""
-        return one_of(*self.names)
-
     def kind(self, value) -> Kind | None:
         """The kind named ``value`` (None for an unknown one)."""
         for kind in self.kinds:
