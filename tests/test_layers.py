@@ -116,3 +116,17 @@ def test_no_circle_between_modules():
         if v not in index:
             visit(v)
     assert not circles, circles
+
+
+def test_the_commands_load_no_solver_they_may_not_use():
+    """ott-jax (about 1 s) and scipy.stats (about 0.5 s) load when first used, so a flag error
+    or ``--help`` of a command that never solves a transport problem does not pay for them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ncljax.train.__main__, ncljax.audit, ncljax.retrieve, ncljax.report;"
+        "print(sorted(m for m in ('ott', 'scipy.stats') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

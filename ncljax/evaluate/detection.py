@@ -3,7 +3,6 @@ training pairs from the noisy ones, against the known noise mask (diagnostics on
 may read the mask)."""
 
 import numpy as np
-import scipy.stats
 from jax.typing import ArrayLike
 
 
@@ -48,6 +47,8 @@ def noise_detection_metrics(
     num_clean = int(mask.sum())
     num_noisy = mask.size - num_clean
     if num_clean and num_noisy:
+        import scipy.stats  # here, not at load: it takes half a second every command would pay
+
         clean_rank_sum = scipy.stats.rankdata(score, method="average")[mask].sum()
         auc = (clean_rank_sum - num_clean * (num_clean + 1) / 2.0) / (num_clean * num_noisy)
     else:

@@ -28,9 +28,22 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
-from ott.geometry import geometry
-from ott.problems.linear import linear_problem
-from ott.solvers.linear import sinkhorn
+
+
+def _solve_sinkhorn(cost, *, epsilon, a, b, threshold, max_iterations):
+    """Entropic OT between marginals ``a`` and ``b`` with ott-jax's Sinkhorn.
+
+    ott-jax is imported here, not at module load: importing it takes about a
+    second, which every command that never solves a transport problem (the
+    train command's flag errors, ``--help``, the audit) would otherwise pay.
+    """
+    from ott.geometry import geometry
+    from ott.problems.linear import linear_problem
+    from ott.solvers.linear import sinkhorn
+
+    geom = geometry.Geometry(cost_matrix=cost, epsilon=epsilon)
+    solver = sinkhorn.Sinkhorn(threshold=threshold, max_iterations=max_iterations)
+    return solver(linear_problem.LinearProblem(geom, a=a, b=b))
 
 
 def mass_schedule(
@@ -210,9 +223,9 @@ def partial_ot_labels(
     a = jnp.concatenate([jnp.full((n,), 1.0 / n, dtype), dummy])
     b = jnp.concatenate([r, dummy])
 
-    geom = geometry.Geometry(cost_matrix=cost_aug, epsilon=epsilon)
-    solver = sinkhorn.Sinkhorn(threshold=threshold, max_iterations=max_iterations)
-    out = solver(linear_problem.LinearProblem(geom, a=a, b=b))
+    out = _solve_sinkhorn(
+        cost_aug, epsilon=epsilon, a=a, b=b, threshold=threshold, max_iterations=max_iterations
+    )
 
     plan = jax.lax.stop_gradient(out.matrix[:n, :k])
     labels = n * plan
@@ -320,9 +333,14 @@ def relation_plan(
     count = jnp.maximum(jnp.sum(valid), 1).astype(dtype)
     marginal = jnp.where(valid, 1.0 / count, 0.0).astype(dtype)
     epsilon = jax.lax.stop_gradient(jnp.asarray(epsilon, dtype))
-    geom = geometry.Geometry(cost_matrix=cost, epsilon=epsilon)
-    solver = sinkhorn.Sinkhorn(threshold=threshold, max_iterations=max_iterations)
-    out = solver(linear_problem.LinearProblem(geom, a=marginal, b=marginal))
+    out = _solve_sinkhorn(
+        cost,
+        epsilon=epsilon,
+        a=marginal,
+        b=marginal,
+        threshold=threshold,
+        max_iterations=max_iterations,
+    )
 
     plan = jax.lax.stop_gradient(jnp.where(pair_valid, out.matrix, 0.0))
     return RelationPlan(
