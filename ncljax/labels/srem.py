@@ -7,8 +7,9 @@ of a padded batch: a padding pair is neither a query nor a candidate, and its ow
 (``False`` for masks).
 
 * :func:`energy` (Eq. 1), :func:`clean_mask` (Eq. 2, the energy threshold and the maximum
-  similarity constraint), :func:`combine_clean_masks` (one clean set per direction, or their
-  intersection or union);
+  similarity constraint), :func:`partner_p_value` and :func:`partner_test_mask` (a division
+  by an in-batch permutation test instead, ncljax's), :func:`combine_clean_masks` (one clean
+  set per direction, or their intersection or union);
 * :func:`normalized_entropy` (Eq. 4), :func:`hard_negative_index`, :func:`hinge_argument`,
   :func:`sgw_weight` and :func:`swap_weights` (Eqs. 5-6, swapped gradient weighting);
 * :func:`complementary_mask` (Eq. 11), :func:`ms_selection_probs` (Eq. 10) and
@@ -113,7 +114,64 @@ def clean_mask(logits: ArrayLike, threshold: float, *, where: ArrayLike | None =
     return valid & first & (energy(logits, where=valid) < threshold)
 
 
+def partner_p_value(logits: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+    r"""Each query's in-batch permutation p-value of its partner's logit (ncljax's).
+
+    .. math:: p_i = \frac{1 + |\{j \ne i : \mathbf F_{ij} \ge \mathbf F_{ii}\}|}{n}
+
+    over the ``n`` real candidates. If the pair is mismatched, its partner is one more
+    caption the image has nothing to do with: its logit is exchangeable with the row's
+    negatives, and :math:`p_i` is uniform on :math:`\{1/n, \ldots, 1\}`
+    (:math:`P(p_i \le \alpha) \le \alpha`). A matched pair's partner ranks above
+    most negatives, a small :math:`p_i`. Ties count against the partner. :math:`p_i = 1/n`
+    is Eq. 2's maximum-similarity constraint (the partner ranked first), with the tie going
+    to the negatives instead of the lowest index.
+
+    Args:
+      logits: ``[B, B]`` logits in direction view.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      ``[B]`` p-values in ``(0, 1]`` (no gradient), 1 at padding.
+    """
+    logits = _SG(_square(logits))
+    valid, candidates = _candidates(logits.shape[0], where)
+    others = candidates & ~jnp.eye(logits.shape[0], dtype=bool)
+    beaten = jnp.sum(others & (logits >= jnp.diagonal(logits)[:, None]), axis=1)
+    n = jnp.maximum(jnp.sum(valid), 1).astype(logits.dtype)
+    return jnp.where(valid, (1.0 + beaten.astype(logits.dtype)) / n, 1.0)
+
+
+def partner_test_mask(
+    logits: ArrayLike, level: float, *, where: ArrayLike | None = None
+) -> jax.Array:
+    """The clean split of one direction by the partner test (ncljax's): the pairs whose
+    :func:`partner_p_value` is at most ``level``.
+
+    It replaces Eq. 2's energy threshold, whose two-class split cuts a share of the pairs
+    off whether or not any is mismatched, with a test against the batch's own mismatched
+    pairs: at level 0.05 at most 5% of the mismatched pairs pass, in expectation, and a
+    batch without mismatched pairs can be selected whole. Measured on real folders (see
+    ``ncljax.methods.srem.Settings``, ``division``). A batch of fewer than ``1 / level``
+    real pairs cannot reach the level (its smallest p-value is ``1 / n``): there the test
+    keeps the pairs whose partner ranks first, Eq. 2's maximum-similarity constraint.
+
+    Args:
+      logits: ``[B, B]`` logits in direction view.
+      level: the test's level in ``(0, 1]``.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      bool ``[B]`` (no gradient), ``False`` at padding.
+    """
+    valid = valid_rows(jnp.shape(logits)[0], where)
+    p = partner_p_value(logits, where=where)
+    smallest = 1.0 / jnp.maximum(jnp.sum(valid), 1).astype(p.dtype)
+    return valid & (p <= jnp.maximum(level, smallest))
+
+
 CLEAN_SETS = ("per_direction", "and", "or")
+DIVISIONS = ("energy", "partner")
 
 
 def combine_clean_masks(
@@ -481,12 +539,18 @@ def calibrate_energy(energies: ArrayLike, *, where: ArrayLike | None = None) -> 
     return EnergyCalibration(threshold, m_clean, m_noisy, fraction, degenerate, separation)
 
 
-def degenerate_division(clean: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+def degenerate_division(
+    clean: ArrayLike, *, where: ArrayLike | None = None, every: bool = True
+) -> jax.Array:
     """Whether a batch's clean split divides nothing: no real pair clean, or every one.
 
     Args:
       clean: bool ``[B]``, one direction's clean split.
       where: optional bool ``[B]``, the real pairs.
+      every: whether every pair clean is degenerate too (static; ``True``). An energy
+        split that keeps every pair has cut nothing; the partner test
+        (:func:`partner_test_mask`) may keep every pair of a batch without mismatched
+        pairs, and only an empty split divides nothing.
 
     Returns:
       bool scalar (``False`` for a batch without a real pair).
@@ -494,4 +558,5 @@ def degenerate_division(clean: ArrayLike, *, where: ArrayLike | None = None) -> 
     clean = jnp.asarray(clean, bool)
     valid = valid_rows(clean.shape[0], where)
     selected = (clean & valid).sum()
-    return valid.any() & ((selected == 0) | (selected == valid.sum()))
+    none = selected == 0
+    return valid.any() & ((none | (selected == valid.sum())) if every else none)

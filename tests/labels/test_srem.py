@@ -509,3 +509,60 @@ def test_stop_gradient_quantities_have_exactly_zero_gradient():
         for j in REAL:
             want[i, j] = -math.exp(float(LOGITS[i][j]) - norm)
     np.testing.assert_allclose(out["energy"][1], want, rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The partner test (ncljax's): an in-batch permutation p-value per query.
+
+
+def np_partner_p_value(logits, where):
+    """(1 + the real negatives whose logit is at least the partner's) / the real candidates."""
+    real = real_of(where)
+    out = []
+    for i in range(len(where)):
+        if not where[i]:
+            out.append(1.0)
+            continue
+        beaten = sum(1 for j in real if j != i and logits[i][j] >= logits[i][i])
+        out.append((1 + beaten) / len(real))
+    return np.asarray(out)
+
+
+def test_partner_p_value_and_test_against_a_loop_with_ties_and_padding():
+    rng = np.random.default_rng(3)
+    logits = np.round(rng.normal(size=(7, 7)), 1)  # rounded: ties between candidates
+    logits[2, 5] = logits[2, 2]  # a negative tied with the partner counts against it
+    logits[4, 4] = 9.0  # a partner first by far
+    where = np.array([True, True, True, True, True, True, False])
+    logits[0, 6] = 50.0  # a padding candidate above the partner is no candidate
+    expected = np_partner_p_value(logits, where)
+    got = np.asarray(labels.partner_p_value(logits, where=where))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-7)
+    assert expected[4] == pytest.approx(1 / 6)
+    for level in (1 / 6, 0.5, 1.0):
+        mask = np.asarray(labels.partner_test_mask(logits, level, where=where))
+        np.testing.assert_array_equal(mask, where & (expected <= level + 1e-9))
+    # Six real pairs cannot reach 0.05: the test keeps the partners ranked first (p = 1/6).
+    mask = np.asarray(labels.partner_test_mask(logits, 0.05, where=where))
+    np.testing.assert_array_equal(mask, where & (expected <= 1 / 6 + 1e-9))
+    assert mask[4]
+
+
+def test_partner_ranked_first_is_the_smallest_p_value_and_eq_2_without_the_energy():
+    """At level 1/n the test is Eq. 2's maximum-similarity constraint (no ties here)."""
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(9, 9))
+    logits[np.arange(0, 9, 2), np.arange(0, 9, 2)] += 4.0
+    first = np.asarray(labels.clean_mask(logits, np.inf))
+    test = np.asarray(labels.partner_test_mask(logits, 1 / 9))
+    np.testing.assert_array_equal(first, test)
+    assert first.sum() >= 5
+
+
+def test_a_division_that_keeps_every_pair_is_degenerate_only_for_the_energy_split():
+    every = np.array([True, True, True, False])
+    where = np.array([True, True, True, False])
+    assert bool(labels.degenerate_division(every, where=where))
+    assert not bool(labels.degenerate_division(every, where=where, every=False))
+    assert bool(labels.degenerate_division(np.zeros(4, bool), where=where, every=False))
+    assert not bool(labels.degenerate_division(np.zeros(4, bool), where=np.zeros(4, bool)))

@@ -132,6 +132,10 @@ def test_clean_score_is_the_geometric_mean_of_the_partner_probabilities():
         ({"warmup_epochs": -1}, "srem warmup_epochs must be an integer >= 0"),
         ({"gradient_weighting": 1}, "srem gradient_weighting must be True or False"),
         ({"cosine_temperature": -0.1}, "srem cosine_temperature must be a number > 0"),
+        ({"division": "otsu"}, "srem division must be one of"),
+        ({"ranking": "infonce"}, "srem ranking must be one of"),
+        ({"partner_level": 0.0}, "srem partner_level must be in (0, 1]"),
+        ({"partner_level": 1.5}, "srem partner_level must be in (0, 1]"),
     ],
 )
 def test_bad_hyperparameters_say_what_to_set(kwargs, message):

@@ -195,10 +195,12 @@ def test_configs_keep_the_paper_constants_on_the_papers_benchmarks():
     assert (kwargs.calibration, kwargs.warmup_rectify) == ("warmup", "uniform")
     kwargs = load_config("srem", "vectors").method_kwargs
     assert (kwargs.calibration, kwargs.warmup_rectify) == ("data", "uniform")
-    assert (kwargs.lambda1, kwargs.cosine_temperature) == (0.0, 0.05)
+    assert (kwargs.lambda1, kwargs.cosine_temperature) == (0.0, 0.07)
+    assert (kwargs.division, kwargs.ranking) == ("partner", "contrastive")
     for dataset in ("f30k", "coco", "cc152k"):
         kwargs = load_config("srem", dataset).method_kwargs
         assert (kwargs.calibration, kwargs.warmup_rectify) == ("paper", "biased")
+        assert (kwargs.division, kwargs.ranking) == ("energy", "hinge")
 
 
 def test_the_warmup_step_uses_uniform_complementary_labels_by_default():

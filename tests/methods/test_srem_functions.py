@@ -240,3 +240,71 @@ def test_a_batch_the_epochs_division_does_not_divide_is_divided_by_its_own_energ
     assert float(np.asarray(aux.metrics["division_fallback"]).max()) == 0.0
     _, frozen = srem.loss(srem.Settings(calibration="warmup"), outputs, {"mask": mask}, {}, {}, ctx)
     assert float(np.asarray(frozen.metrics["division_fallback"]).max()) == 1.0
+
+
+def _np_info_nce_rows(view, where):
+    real = np.flatnonzero(where)
+    out = np.zeros(len(where))
+    for i in real:
+        row = view[i, real].astype(np.float64)
+        out[i] = np.log(np.exp(row - row.max()).sum()) + row.max() - view[i, i]
+    return out
+
+
+def test_the_partner_test_with_the_contrastive_term_against_numpy():
+    """``division='partner'``: each direction's clean set is the queries whose partner's
+    in-batch p-value is at most the level; ``ranking='contrastive'``: a clean query's
+    ranking term is the InfoNCE of its row (numpy), the others' is 0, and the pull weight
+    the logs read is 1 per clean query."""
+    logits = _logits(b=8, seed=5)
+    logits[1, 1] -= 6.0  # a partner below every negative: a mismatched-looking pair
+    where = np.array([True] * 7 + [False])
+    loss, views = srem.srem_loss(
+        jnp.asarray(logits),
+        division="partner",
+        partner_level=2 / 7,
+        ranking="contrastive",
+        fallback=True,
+        where=jnp.asarray(where),
+    )
+    f = logits.astype(np.float64)
+    for d, view in (("i2t", f), ("t2i", f.T)):
+        real = np.flatnonzero(where)
+        p = np.array(
+            [(1 + sum(view[i, j] >= view[i, i] for j in real if j != i)) / 7 for i in range(8)]
+        )
+        clean = where & (p <= 2 / 7)
+        np.testing.assert_array_equal(views[d].clean, clean)
+        assert not bool(views[d].fallback)
+        want = np.where(clean, _np_info_nce_rows(view, where), 0.0)
+        np.testing.assert_allclose(views[d].hinge, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(views[d].pull, clean.astype(np.float32))
+    assert not bool(views["i2t"].clean[1])
+    assert float(loss[7]) == 0.0
+
+
+def test_a_batch_the_partner_test_keeps_whole_trains_the_main_objective():
+    """Under the energy split a batch kept whole falls back to the warm-up objective; under
+    the partner test it is a batch without mismatched pairs and trains the main one."""
+    logits = _logits(b=6, seed=6)
+    logits[np.arange(6), np.arange(6)] += 10.0  # every partner first by far
+    kwargs = dict(fallback=True, ranking="contrastive")  # level 0.05 < 1/6: ranked first
+    _, partner = srem.srem_loss(jnp.asarray(logits), division="partner", **kwargs)
+    _, energy = srem.srem_loss(jnp.asarray(logits), threshold=1e6, **kwargs)
+    for d in ("i2t", "t2i"):
+        assert bool(jnp.all(partner[d].clean)) and bool(jnp.all(energy[d].clean))
+        assert not bool(partner[d].fallback) and bool(energy[d].fallback)
+        assert float(jnp.sum(partner[d].hinge)) > 0.0
+        assert float(jnp.sum(energy[d].hinge)) == 0.0
+
+
+def test_the_partner_test_skips_the_batch_re_division():
+    """``calibration='data'`` re-divides a batch by its own energies only under the energy
+    split: the partner test reads no threshold."""
+    logits = jnp.asarray(_logits(seed=7))
+    s = srem.Settings(division="partner", ranking="contrastive")
+    ctx = _ctx(base.MAIN)._replace(memory_state={"calibration": srem.paper_division(s)})
+    with mock.patch.object(srem, "batch_division", side_effect=AssertionError("called")):
+        _, aux = srem.loss(s, {"logit": logits}, {"mask": jnp.ones(6, bool)}, {}, {}, ctx)
+    want = srem.srem_loss(logits, division="partner", ranking="contrastive", fallback=True)[1]
+    np.testing.assert_array_equal(aux.clean_estimates["i2t"], want["i2t"].clean)
