@@ -16,7 +16,10 @@ line each:
   ``caption(k)``, one thread), pairs/s;
 * ``pipeline``: the training pipeline's batches (``pipeline.training_pairs`` and
   ``pipeline.batches`` with ``data.num_threads`` reader threads, batch 128, shuffled),
-  pairs/s;
+  pairs/s, once per reader: ``batched`` (the folder's records read a batch per call,
+  ``pipeline.BatchedRecords.many``, what training uses) and ``per_record`` (one Python call
+  per record, the reader before; ``--pipeline_batches`` of each, the batched reader
+  ``--batched_factor`` times as many);
 * ``memory``: the reading process's peak resident memory (``VmHWM``; Linux carries
   ``ru_maxrss`` over from the parent, so both are printed) and, at the end, its anonymous
   memory (``RssAnon``: what the process itself holds) apart from the mapped file pages
@@ -139,30 +142,36 @@ def measure(folder: str, args) -> None:
         image_fields=("global_image",),
         text_fields=("global_text",),
     )
-    batches = pipeline.batches(
-        pairs.record_fn,
-        pairs.num_records,
-        batch_size=args.batch_size,
-        seed=0,
-        num_threads=args.num_threads,
-        process_index=0,
-        process_count=1,
-    )
-    read = 0
-    with pipeline.reading(batches) as iterator:
-        next(iterator)  # threads started
-        tic = time.perf_counter()
-        for _, batch in zip(range(args.pipeline_batches), iterator, strict=False):
-            read += int(batch["mask"].sum())
-        seconds = time.perf_counter() - tic
-    _emit(
-        phase="pipeline",
-        batch_size=args.batch_size,
-        num_threads=args.num_threads,
-        pairs=read,
-        seconds=seconds,
-        pairs_per_s=read / seconds,
-    )
+    readers = {
+        "batched": (pairs.record_fn, args.pipeline_batches * args.batched_factor),
+        "per_record": (lambda k: pairs.record_fn(k), args.pipeline_batches),
+    }
+    for reader, (record_fn, num) in readers.items():
+        batches = pipeline.batches(
+            record_fn,
+            pairs.num_records,
+            batch_size=args.batch_size,
+            seed=0,
+            num_threads=args.num_threads,
+            process_index=0,
+            process_count=1,
+        )
+        read = 0
+        with pipeline.reading(batches) as iterator:
+            next(iterator)  # threads started
+            tic = time.perf_counter()
+            for _, batch in zip(range(num), iterator, strict=False):
+                read += int(batch["mask"].sum())
+            seconds = time.perf_counter() - tic
+        _emit(
+            phase="pipeline",
+            reader=reader,
+            batch_size=args.batch_size,
+            num_threads=args.num_threads,
+            pairs=read,
+            seconds=seconds,
+            pairs_per_s=read / seconds,
+        )
     _emit(
         phase="memory",
         folder_mib=sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
@@ -185,6 +194,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="opens of the folder timed")
     parser.add_argument("--source_pairs", type=int, default=200_000)
     parser.add_argument("--pipeline_batches", type=int, default=1000)
+    parser.add_argument("--batched_factor", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--num_threads", type=int, default=2, help="data.num_threads")
     parser.add_argument("--phase", choices=("all", "read"), default="all")

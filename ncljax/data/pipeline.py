@@ -58,6 +58,7 @@ def pair_records(
     if image_index is None:
         image_index = np.arange(split.num_captions) // split.captions_per_image
     image_fields, text_fields = tuple(image_fields), tuple(text_fields)
+    image_index = np.asarray(image_index)
 
     def record(k: int) -> Record:
         k = int(k)
@@ -71,7 +72,50 @@ def pair_records(
         out["mask"] = np.bool_(True)
         return out
 
-    return record
+    if not (hasattr(split, "images_at") and hasattr(split, "captions_at")):
+        return record
+
+    def many(ks: np.ndarray) -> Record:
+        ks = np.asarray(ks, np.int64)
+        image = split.images_at(image_index[ks], image_fields)
+        caption = split.captions_at(ks, text_fields)
+        out = {f: image[f] for f in image_fields}
+        out.update({f: caption[f] for f in text_fields})
+        observed_image = image["label"] if labels_image is None else np.asarray(labels_image)[ks]
+        observed_text = caption["label"] if labels_text is None else np.asarray(labels_text)[ks]
+        out["label_image"] = np.asarray(observed_image, np.int32)
+        out["label_text"] = np.asarray(observed_text, np.int32)
+        out["index"] = ks.astype(np.int32)
+        out["mask"] = np.ones(ks.shape, np.bool_)
+        return out
+
+    return BatchedRecords(record, many)
+
+
+class BatchedRecords:
+    """Random access to records one at a time (``records(k)``) and many at a time
+    (``records.many(ks)``: the records of ``ks`` stacked, as ``np.stack`` of
+    ``records(k)`` would give them, except that float vectors may keep their source's
+    float16, which ``to_device`` widens). The batch readers below read a batch in one
+    ``many`` call, a few vectorised gathers, instead of one Python call per record; the
+    batches hold the same records in the same order."""
+
+    def __init__(self, one: Callable[[int], Record], many: Callable[[np.ndarray], Record]):
+        self._one, self.many = one, many
+
+    def __call__(self, k: int) -> Record:
+        return self._one(k)
+
+
+def _stacked(record_fn: Callable[[int], Record], ks: np.ndarray, pad: Record, size: int) -> Record:
+    """The records of ``ks`` then ``size - len(ks)`` copies of ``pad``, stacked (``size``
+    rows), read in one ``record_fn.many`` call."""
+    got = record_fn.many(np.asarray(ks, np.int64))  # none: the fields' empty rows
+    missing = size - len(ks)
+    if not missing:
+        return got
+    padding = {k: np.broadcast_to(v, (missing, *np.shape(v))) for k, v in pad.items()}
+    return {k: np.concatenate([got[k], padding[k].astype(got[k].dtype)]) for k in got}
 
 
 def image_records(split: sources.SplitSource, fields: Sequence[str]) -> Callable[[int], Record]:
@@ -179,7 +223,16 @@ def batches(
             return pad
         return record_fn(order(epoch)[position])
 
-    ds = grain.MapDataset.range(num_epochs * per_epoch * local).map(slot).batch(local)
+    def batch(g: int) -> Record:
+        epoch, b = divmod(int(g), per_epoch)
+        first = b * batch_size + process_index * local
+        positions = np.arange(first, min(first + local, num_records))
+        return _stacked(record_fn, order(epoch)[positions], pad, local)
+
+    if hasattr(record_fn, "many"):
+        ds = grain.MapDataset.range(num_epochs * per_epoch).map(batch)
+    else:
+        ds = grain.MapDataset.range(num_epochs * per_epoch * local).map(slot).batch(local)
     if length_buckets:
         if lengths is None:
             raise ValueError("length_buckets need the token count of every record (lengths).")
@@ -316,7 +369,17 @@ def stream_batches(
             out.append(record_fn(chosen[j]) if j < chosen.size else pad)
         return tuple(out)
 
-    ds = grain.MapDataset.range(start * local, num_steps * local).map(slot).batch(local)
+    def step(b: int) -> tuple[Record, ...]:
+        first = process_index * local
+        return tuple(
+            _stacked(record_fn, positions(s, int(b))[first : first + local], pad, local)
+            for s in range(len(streams))
+        )
+
+    if hasattr(record_fn, "many"):
+        ds = grain.MapDataset.range(start, num_steps).map(step)
+    else:
+        ds = grain.MapDataset.range(start * local, num_steps * local).map(slot).batch(local)
     if length_buckets:
         if lengths is None:
             raise ValueError("length_buckets need the token count of every record (lengths).")
@@ -353,10 +416,17 @@ def reading(dataset: grain.IterDataset) -> Iterator[Iterator]:
 
 
 def to_device(batch: Record, sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
-    """Assembles per-process batches into global arrays sharded by ``sharding``."""
-    return {
-        k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()
-    }
+    """Assembles per-process batches into global arrays sharded by ``sharding``.
+
+    A float16 field (a vectors folder's, as ``BatchedRecords.many`` reads it) is widened to
+    float32 on the device, exactly: every model sees float32 inputs, and the host copies
+    and transfers half the bytes.
+    """
+    out = {}
+    for k, v in batch.items():
+        array = jax.make_array_from_process_local_data(sharding, np.asarray(v))
+        out[k] = array.astype(np.float32) if array.dtype == np.float16 else array
+    return out
 
 
 def prefetch_to_device(batches: Iterable, put: Callable, size: int = 2) -> Iterator:
