@@ -74,6 +74,8 @@ def pair_records(
 
     if not (hasattr(split, "images_at") and hasattr(split, "captions_at")):
         return record
+    labels_image = None if labels_image is None else np.asarray(labels_image)
+    labels_text = None if labels_text is None else np.asarray(labels_text)
 
     def many(ks: np.ndarray) -> Record:
         ks = np.asarray(ks, np.int64)
@@ -81,8 +83,8 @@ def pair_records(
         caption = split.captions_at(ks, text_fields)
         out = {f: image[f] for f in image_fields}
         out.update({f: caption[f] for f in text_fields})
-        observed_image = image["label"] if labels_image is None else np.asarray(labels_image)[ks]
-        observed_text = caption["label"] if labels_text is None else np.asarray(labels_text)[ks]
+        observed_image = image["label"] if labels_image is None else labels_image[ks]
+        observed_text = caption["label"] if labels_text is None else labels_text[ks]
         out["label_image"] = np.asarray(observed_image, np.int32)
         out["label_text"] = np.asarray(observed_text, np.int32)
         out["index"] = ks.astype(np.int32)
@@ -110,7 +112,7 @@ class BatchedRecords:
 def _stacked(record_fn: Callable[[int], Record], ks: np.ndarray, pad: Record, size: int) -> Record:
     """The records of ``ks`` then ``size - len(ks)`` copies of ``pad``, stacked (``size``
     rows), read in one ``record_fn.many`` call."""
-    got = record_fn.many(np.asarray(ks, np.int64))  # none: the fields' empty rows
+    got = record_fn.many(np.asarray(ks, np.int64))  # zero rows when ks is empty
     missing = size - len(ks)
     if not missing:
         return got
