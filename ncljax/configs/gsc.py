@@ -29,7 +29,8 @@ and a deviation from the paper's SGR-head structures), trained like
 ``configs/vse.py:synthetic``. ``configs/quickstart.py`` is its single-network variant.
 ``:vectors``: a folder of your own vectors (``ncljax.data.vectors``; its own pairs, MLP
 encoders ``D -> 1024 -> 256`` and the cosine head, Adam 5e-4, batch 128, 20 epochs) with
-the method's defaults, structures as embedding cosines as on the synthetic data.
+the method's defaults, structures as embedding cosines as on the synthetic data, and no
+division in an epoch whose pairs show next to no mismatched one (``VECTORS``).
 
 Reference: Zhao et al., "Mitigating Noisy Correspondence by Geometrical Structure
 Consistency Learning", CVPR 2024.
@@ -45,6 +46,12 @@ PRESETS = {
     "single": {"f30k": (0.01, 15, 60, 1), "coco": (1.0, 20, 60, 1), "cc152k": (0.01, 15, 60, 1)},
 }
 TEXT_STRUCTURE = {"paper": "attention", "code": "aligned", "single": "attention"}
+# A folder of your own vectors: no division where next to no pair lies (noise_share;
+# ncljax.methods.gsc.Settings): an epoch whose partner p-values bound the mismatched share
+# below 0.05 trains every label at 1. Clean folders (seed 0; InfoNCE in brackets): cancer
+# halves 494.0 -> 528.0 (514.0), digits 383.7 -> 399.3 (393.0), MNIST 509.8 -> 512.3
+# (496.4); at 20% mismatched, identical runs (no epoch switched off).
+VECTORS = dict(noise_share="partner")
 DATASETS = ("synthetic", *PRESETS["paper"], "vectors")
 
 
@@ -58,7 +65,9 @@ def get_config(arg: str = "synthetic"):
         )
     config = presets.start(dataset, world=config_lib.world_of(options))
     config.method = "gsc"
-    config.method_kwargs = config_lib.method_kwargs("gsc")
+    config.method_kwargs = config_lib.method_kwargs(
+        "gsc", **(VECTORS if dataset == "vectors" else {})
+    )
     if dataset in PRESETS["paper"]:
         preset = chosen[0] if chosen else "paper"
         gamma, decay_every, epochs, networks = PRESETS[preset][dataset]

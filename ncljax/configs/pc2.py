@@ -102,8 +102,8 @@ def get_config(arg: str = "synthetic"):
         )
     if dataset == "synthetic":
         kwargs.update(num_classes=32)
-    if dataset == "vectors":  # the targets weight a contrastive loss: see configs/ncr.py
-        kwargs.update(ranking="contrastive")
+    if dataset == "vectors":  # a contrastive loss, no division on clean data: configs/ncr.py
+        kwargs.update(ranking="contrastive", noise_share="partner")
     if dataset in presets.PRECOMP:  # the paper's backbone keeps the code's cutoff 0.5 exactly
         kwargs.update(calibration="paper")
     config.method_kwargs = config_lib.method_kwargs(

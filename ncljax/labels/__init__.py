@@ -56,6 +56,8 @@ from ncljax.labels.pc2 import (
     prediction_oscillation,
     resample_to_fixed,
 )
+from ncljax.labels.share import NoiseShare, no_noise, noise_share
+from ncljax.labels.share import diagnostics as share_diagnostics
 from ncljax.labels.srem import (
     EnergyCalibration,
     calibrate_energy,
@@ -95,6 +97,7 @@ __all__ = [
     "GaussianMixture1D",
     "LabelCorrection",
     "LossDivision",
+    "NoiseShare",
     "PartialOTOutput",
     "RelationPlan",
     "assign_pseudo_captions",
@@ -136,6 +139,8 @@ __all__ = [
     "minmax_normalize",
     "modal_consistency",
     "ms_selection_probs",
+    "no_noise",
+    "noise_share",
     "noisy_margin",
     "normalized_entropy",
     "num_hard_negatives",
@@ -152,6 +157,7 @@ __all__ = [
     "relation_scores",
     "resample_to_fixed",
     "sgw_weight",
+    "share_diagnostics",
     "split_clean",
     "swap_weights",
     "trusted_margins",

@@ -69,6 +69,14 @@ class Settings:
         weighted by ``y`` after it, the weight taking the soft margin's place; see
         :func:`rectified_loss`).
       temperature: the InfoNCE temperature of ``ranking='contrastive'`` (0.07, CLIP's).
+      noise_share: ``'none'`` (the papers) or ``'partner'`` (ncljax's; the ``:vectors``
+        configs): the co-divide's eval pass also gives each pair's in-batch partner
+        p-value (``ncljax.labels.srem.partner_p_value``, image to caption), and a
+        network whose p-values bound the mismatched share below ``noise_floor``
+        (``ncljax.labels.share``) divides nothing that epoch: every pair is clean with
+        probability 1. A GMM always finds two groups; on a folder with next to no
+        mismatched pair the clean pairs it sets aside cost more than it removes.
+      noise_floor: that floor (0.05).
     """
 
     margin: float = 0.2
@@ -82,6 +90,8 @@ class Settings:
     division_min_separation: float = 0.1
     ranking: str = "hinge"
     temperature: float = 0.07
+    noise_share: str = "none"
+    noise_floor: float = 0.05
 
 
 RANKINGS = ("hinge", "contrastive")
@@ -97,6 +107,8 @@ CHECKS = {
     "division_min_separation": settings.NON_NEGATIVE,
     "ranking": settings.one_of(*RANKINGS),
     "temperature": settings.POSITIVE,
+    "noise_share": settings.one_of("none", "partner"),
+    "noise_floor": settings.UNIT_INTERVAL,
 }
 
 
@@ -185,15 +197,28 @@ def check(s: Settings, division) -> gmm_lib.DivisionCheck:
     )
 
 
-def co_divide(s: Settings, name: str, samples: dict, values, ctx: base.RefreshContext):
-    """The co-divide of one network: ``values`` (its per-pair losses) divided by a GMM.
+def stats(s: Settings, sim, mask) -> dict:
+    """The co-divide's per-pair statistics of an eval-mode batch: the loss
+    (:func:`warmup_loss`) and, with ``noise_share='partner'``, the partner p-value."""
+    out = {"loss": warmup_loss(s, sim, mask)}
+    if s.noise_share == "partner":
+        out["partner_p"] = labels_lib.partner_p_value(sim, where=mask)
+    return out
+
+
+def co_divide(s: Settings, name: str, samples: dict, stats: dict, ctx: base.RefreshContext):
+    """The co-divide of one network: its per-pair losses (``stats["loss"]``) divided by a
+    GMM, or no division where ``stats["partner_p"]`` (``noise_share='partner'``) bounds
+    the mismatched share below ``noise_floor``.
 
     Returns:
-      ``(samples, division, check, fallback)``: the updated memory rows (``loss`` and
-      ``loss_raw`` always; ``prob``, ``clean`` and ``divided`` unless the division is
+      ``(samples, division, check, fallback, extra)``: the updated memory rows (``loss``
+      and ``loss_raw`` always; ``prob``, ``clean`` and ``divided`` unless the division is
       degenerate, when the previous division is kept and a warning with "fallback" is
-      logged), the division, its check and whether it fell back.
+      logged; all 1 where the division is off), the division, its check, whether it fell
+      back, and the noise share's diagnostics (empty without ``partner_p``).
     """
+    values = stats["loss"]
     division = divide(s, values)
     checked = check(s, division)
     samples = dict(
@@ -201,8 +226,16 @@ def co_divide(s: Settings, name: str, samples: dict, values, ctx: base.RefreshCo
         loss=division.normalised.astype(jnp.float32),
         loss_raw=jnp.asarray(values, jnp.float32),
     )
-    fallback = bool(checked.degenerate)
-    if fallback:
+    off, extra = False, {}
+    if s.noise_share == "partner":
+        share = labels_lib.noise_share(stats["partner_p"])
+        off = bool(labels_lib.no_noise(share, s.noise_floor))
+        extra = labels_lib.share_diagnostics(share, off)
+    fallback = bool(checked.degenerate) and not off
+    if off:  # next to no mismatched pair: every pair clean
+        ones = jnp.ones_like(samples["divided"])
+        samples.update(prob=ones, clean=ones, divided=ones)
+    elif fallback:
         warn_division_fallback(name, ctx, checked, samples["divided"])
     else:
         samples.update(
@@ -210,7 +243,7 @@ def co_divide(s: Settings, name: str, samples: dict, values, ctx: base.RefreshCo
             clean=division.clean.astype(jnp.float32),
             divided=jnp.ones_like(samples["divided"]),
         )
-    return samples, division, checked, fallback
+    return samples, division, checked, fallback, extra
 
 
 def division_diagnostics(division, checked, fallback: bool, samples: dict) -> dict:

@@ -198,16 +198,18 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
 
 
 def stats(s: Settings, outputs, batch) -> dict:
-    """The co-divide's per-pair loss: the warm-up objective, in eval mode."""
-    return {"loss": coteaching.warmup_loss(s, outputs["sim"], batch["mask"])}
+    """The co-divide's per-pair statistics in eval mode (``coteaching.stats``): the
+    warm-up objective's loss, and the partner p-value with ``noise_share='partner'``."""
+    return coteaching.stats(s, outputs["sim"], batch["mask"])
 
 
 def refresh(s: Settings, memory, stats, ctx):
     """The co-divide (``coteaching.co_divide``) and its diagnostics."""
-    samples, division, checked, fallback = coteaching.co_divide(
-        s, "ncr", memory.samples, stats["loss"], ctx
+    samples, division, checked, fallback, extra = coteaching.co_divide(
+        s, "ncr", memory.samples, stats, ctx
     )
     diagnostics = coteaching.division_diagnostics(division, checked, fallback, samples)
+    diagnostics.update(extra)
     return base.Memory(samples=samples, state=memory.state), diagnostics
 
 

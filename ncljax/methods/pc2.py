@@ -554,10 +554,11 @@ def _smallest_half(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def stats(s: Settings, outputs, batch) -> dict:
-    """The co-divide's per-pair loss (the warm-up objective, in eval mode) and the image
-    predictions ``pred``."""
+    """The co-divide's per-pair statistics in eval mode (``coteaching.stats``: the
+    warm-up objective's loss, the partner p-value with ``noise_share='partner'``) and the
+    image predictions ``pred``."""
     return {
-        "loss": coteaching.warmup_loss(s, outputs["sim"], batch["mask"]),
+        **coteaching.stats(s, outputs["sim"], batch["mask"]),
         "pred": jax.nn.softmax(outputs["image_logits"], axis=-1),
     }
 
@@ -565,8 +566,8 @@ def stats(s: Settings, outputs, batch) -> dict:
 def refresh(s: Settings, memory, stats, ctx):
     """The co-divide (``coteaching.co_divide``), the oscillation division of the image
     predictions against the bank, the bank's update, and their diagnostics."""
-    samples, division, checked, fallback = coteaching.co_divide(
-        s, "pc2", memory.samples, stats["loss"], ctx
+    samples, division, checked, fallback, extra = coteaching.co_divide(
+        s, "pc2", memory.samples, stats, ctx
     )
     pred = jnp.asarray(stats["pred"], jnp.float32)
     valid = memory.samples["bank_valid"] > 0.5
@@ -574,6 +575,7 @@ def refresh(s: Settings, memory, stats, ctx):
     samples = update_bank(s, samples, pred, osc)
     used = classes_used(s, pred, ctx)
     diagnostics = coteaching.division_diagnostics(division, checked, fallback, samples)
+    diagnostics.update(extra)
     osc_gmm = osc_division.gmm
     diagnostics.update(
         osc_division_fallback=jnp.float32(osc_fallback),

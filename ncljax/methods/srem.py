@@ -72,6 +72,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from ncljax import losses
+from ncljax.labels import share as share_lib
 from ncljax.labels import srem as selection
 from ncljax.losses import srem as srem_losses
 from ncljax.methods import base, settings
@@ -243,6 +244,13 @@ class Settings(NamedTuple):
         [ncljax: 0.05].
       ranking: the clean pairs' term, ``'hinge'`` (Eq. 7) [paper] or ``'contrastive'``
         (InfoNCE of the logits, see above) [ncljax].
+      noise_share: ``'none'`` [paper] or ``'partner'`` [ncljax; ``division='partner'``
+        only]: every step writes each pair's partner p-value (image to caption), and an
+        epoch whose previous epoch's p-values bound the mismatched share below
+        ``noise_floor`` (``ncljax.labels.share``) runs the partner test at level 1, i.e.
+        keeps every pair: with next to no mismatched pair, the test's rejections are
+        hard clean pairs (the breast cancer halves at 0%: 17 below InfoNCE with it).
+      noise_floor: that floor [ncljax: 0.05].
     """
 
     tau: float = -2.0
@@ -269,6 +277,8 @@ class Settings(NamedTuple):
     division: str = "energy"
     partner_level: float = 0.05
     ranking: str = "hinge"
+    noise_share: str = "none"
+    noise_floor: float = 0.05
 
 
 RANKINGS = ("hinge", "contrastive")
@@ -282,6 +292,7 @@ _CHOICES = {
     "calibration": CALIBRATIONS,
     "division": selection.DIVISIONS,
     "ranking": RANKINGS,
+    "noise_share": ("none", "partner"),
 }
 # The rule of each setting (``settings.check``), in the order its messages are joined.
 CHECKS = {name: settings.one_of(*allowed) for name, allowed in _CHOICES.items()}
@@ -291,16 +302,25 @@ CHECKS |= dict.fromkeys(("ms_beta", "rcl_tau", "cosine_temperature"), settings.P
 CHECKS |= dict.fromkeys(("gradient_weighting", "warmup_lambda2"), settings.BOOLEAN)
 CHECKS["warmup_epochs"] = settings.NON_NEGATIVE_INT
 CHECKS["partner_level"] = settings.interval(0, 1, low_open=True)
+CHECKS["noise_floor"] = settings.UNIT_INTERVAL
 
 
 def validate(values) -> None:
-    """Refuses ``m_clean > m_noisy`` (after every setting passed its own rule)."""
+    """Refuses ``m_clean > m_noisy`` and ``noise_share='partner'`` without the partner
+    test (after every setting passed its own rule)."""
     settings.require(
         values["m_clean"] <= values["m_noisy"],
         "srem",
         "m_clean",
         f"<= m_noisy={values['m_noisy']} (clean energies are pushed below it, noisy above)",
         values["m_clean"],
+    )
+    settings.require(
+        values["noise_share"] == "none" or values["division"] == "partner",
+        "srem",
+        "noise_share",
+        "'none' unless division='partner' (it switches the partner test off)",
+        values["noise_share"],
     )
 
 
@@ -320,7 +340,11 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     zeros = jnp.zeros(ctx.num_samples, jnp.float32)
     samples = {name: zeros for name in _ROWS}
     samples["energy_epoch"] = jnp.full(ctx.num_samples, -1.0, jnp.float32)
-    return base.Memory(samples=samples, state={"calibration": paper_division(s)})
+    state = {"calibration": paper_division(s)}
+    if s.noise_share == "partner":  # p-values of 1 and the test on until an epoch is seen
+        samples["partner_p"] = jnp.ones(ctx.num_samples, jnp.float32)
+        state["division_off"] = jnp.zeros((), jnp.float32)
+    return base.Memory(samples=samples, state=state)
 
 
 def logits(s: Settings, outputs) -> jax.Array:
@@ -330,8 +354,9 @@ def logits(s: Settings, outputs) -> jax.Array:
     return (outputs["sim"] - s.cosine_shift) / s.cosine_temperature
 
 
-def objective(s: Settings, logit, *, warmup: bool, division, where):
-    """``srem_loss`` with the settings and the division ``[2, 3]`` in use."""
+def objective(s: Settings, logit, *, warmup: bool, division, where, level=None):
+    """``srem_loss`` with the settings and the division ``[2, 3]`` in use (the partner
+    test at ``level``, default ``partner_level``)."""
     return srem_loss(
         logit,
         warmup=warmup,
@@ -355,7 +380,7 @@ def objective(s: Settings, logit, *, warmup: bool, division, where):
         fallback=True,
         warmup_rectify=s.warmup_rectify,
         division=s.division,
-        partner_level=s.partner_level,
+        partner_level=s.partner_level if level is None else level,
         ranking=s.ranking,
     )
 
@@ -371,7 +396,12 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
     f = logits(s, outputs)
     if s.calibration == "data" and s.division == "energy" and not warmup:
         division = batch_division(s, f, division, batch["mask"])
-    per_pair, views = objective(s, f, warmup=warmup, division=division, where=batch["mask"])
+    level = None
+    if s.noise_share == "partner":  # the division off: the test at level 1 keeps every pair
+        level = jnp.where(state["division_off"] > 0.5, 1.0, s.partner_level)
+    per_pair, views = objective(
+        s, f, warmup=warmup, division=division, where=batch["mask"], level=level
+    )
     i2t, t2i = views["i2t"], views["t2i"]
     partner = jax.lax.stop_gradient(jnp.diagonal(f))  # log p_ii = F_ii - logsumexp_j F_ij
     clean_i2t, clean_t2i = i2t.clean.astype(jnp.float32), t2i.clean.astype(jnp.float32)
@@ -394,6 +424,8 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
         "division_fallback": fell_back,
         "energy_epoch": jnp.broadcast_to(jnp.asarray(ctx.epoch, jnp.float32), clean_i2t.shape),
     }
+    if s.noise_share == "partner":
+        memory["partner_p"] = selection.partner_p_value(f, where=batch["mask"])
     applied = None
     if not warmup:
         metrics |= {
@@ -533,6 +565,12 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
     diagnostics |= {f"selected_fraction_{d}": v for d, v in fractions.items()}
     diagnostics["division_fallback"] = float(bool(reasons))
     state = dict(memory.state) | {"calibration": division}
+    if s.noise_share == "partner":
+        last = np.asarray(samples["energy_epoch"]) == ctx.epoch - 1
+        share = share_lib.noise_share(samples["partner_p"], where=last)
+        off = share_lib.no_noise(share, s.noise_floor)
+        state["division_off"] = jnp.asarray(off, jnp.float32)
+        diagnostics |= {k: float(v) for k, v in share_lib.diagnostics(share, off).items()}
     return base.Memory(samples=samples, state=state), diagnostics
 
 

@@ -101,7 +101,10 @@ def test_co_divide_splits_and_falls_back(caplog):
     values = np.concatenate([rng.normal(0.1, 0.02, 300), rng.normal(0.6, 0.05, 100)])
     samples = coteaching.init_samples(400)
     ctx = base.RefreshContext(epoch=3, num_epochs=5, network=1, rng=None, fetch=None)
-    new, division, checked, fallback = coteaching.co_divide(s, "ncr", samples, values, ctx)
+    new, division, checked, fallback, extra = coteaching.co_divide(
+        s, "ncr", samples, {"loss": values}, ctx
+    )
+    assert extra == {}
     assert not fallback and float(new["divided"].min()) == 1.0
     np.testing.assert_array_equal(np.asarray(new["clean"]) > 0.5, np.arange(400) < 300)
     diagnostics = coteaching.division_diagnostics(division, checked, fallback, new)
@@ -109,7 +112,9 @@ def test_co_divide_splits_and_falls_back(caplog):
     assert float(diagnostics["division_fallback"]) == 0.0
     # All-equal losses: nothing to divide; the previous division is kept, with a warning.
     with caplog.at_level(logging.WARNING):
-        kept, _, _, fallback = coteaching.co_divide(s, "ncr", new, np.full(400, 0.3), ctx)
+        kept, _, _, fallback, _ = coteaching.co_divide(
+            s, "ncr", new, {"loss": np.full(400, 0.3)}, ctx
+        )
     assert fallback and "network 1's per-pair losses of epoch 3 are all equal" in caplog.text
     assert "keeping its previous division" in caplog.text
     np.testing.assert_array_equal(kept["clean"], new["clean"])

@@ -27,14 +27,16 @@ def test_the_co_divide_follows_a_drift_of_the_losses(settings):
     losses, mismatched = _losses(0)
     ctx = base.RefreshContext(3, len(losses), 0, jax.random.key(0), None)
     samples = coteaching.init_samples(len(losses))
-    before, _, _, fell_back = coteaching.co_divide(settings, "m", samples, losses, ctx)
+    before, _, _, fell_back, _ = coteaching.co_divide(settings, "m", samples, {"loss": losses}, ctx)
     assert not fell_back
     assert (np.asarray(before["clean"]) > 0.5).mean() == pytest.approx(
         1 - mismatched.mean(), abs=0.02
     )
     for scale, shift in ((3.0, 10.0), (0.01, -5.0)):  # the losses drift as the model trains
         drifted = scale * losses + shift
-        after, _, _, fell_back = coteaching.co_divide(settings, "m", samples, drifted, ctx)
+        after, _, _, fell_back, _ = coteaching.co_divide(
+            settings, "m", samples, {"loss": drifted}, ctx
+        )
         assert not fell_back
         np.testing.assert_array_equal(after["clean"], before["clean"])
         np.testing.assert_allclose(after["prob"], before["prob"], atol=2e-3)
