@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ncljax.methods import base, coteaching, ncr
+from ncljax.methods import base, coteaching, ncr, pc2
 
 
 def test_settings_are_the_factory_signature():
@@ -176,3 +176,41 @@ def test_hinge_ranking_is_the_hardest_negative_hinge_with_soft_margins():
     # pair 0: [0.2 - 0.5 + 0.4]_+ (i2t) + [0.2 - 0.5 + 0.1]_+ (t2i) = 0.1; pair 1: margin 0,
     # [0 - 0.9 + 0.1]_+ + [0 - 0.9 + 0.4]_+ = 0.
     np.testing.assert_allclose(loss, [0.1, 0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("settings_type", [ncr.Settings, pc2.Settings], ids=["ncr", "pc2"])
+def test_co_divide_divides_nothing_where_the_p_values_bound_the_noise_near_0(settings_type, caplog):
+    """``noise_share='partner'``: every pair clean with probability 1 where no p-value is
+    above 1/2 (k = 0 of 400: the bound 2.7 / 400 / 0.5 < 0.05), also when the GMM has
+    nothing to divide (no fallback, no warning); uniform p-values keep the GMM's division."""
+    s = settings_type(noise_share="partner")
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.normal(0.1, 0.02, 300), rng.normal(0.6, 0.05, 100)])
+    ctx = base.RefreshContext(epoch=3, num_epochs=5, network=0, rng=None, fetch=None)
+    samples = coteaching.init_samples(400)
+    small = {"loss": values, "partner_p": np.full(400, 0.01, np.float32)}
+    off, _, _, fallback, extra = coteaching.co_divide(s, "m", samples, small, ctx)
+    assert not fallback and float(extra["division_off"]) == 1.0
+    for name in ("prob", "clean", "divided"):
+        np.testing.assert_array_equal(off[name], 1.0)
+    np.testing.assert_allclose(off["loss_raw"], values, rtol=1e-6)
+    uniform = {"loss": values, "partner_p": np.linspace(0.0025, 1.0, 400, dtype=np.float32)}
+    on, _, _, _, extra = coteaching.co_divide(s, "m", samples, uniform, ctx)
+    paper, *_ = coteaching.co_divide(settings_type(), "m", samples, {"loss": values}, ctx)
+    assert float(extra["division_off"]) == 0.0
+    np.testing.assert_array_equal(on["clean"], paper["clean"])
+    np.testing.assert_array_equal(on["prob"], paper["prob"])
+    with caplog.at_level(logging.WARNING):
+        equal = dict(small, loss=np.full(400, 0.3))
+        _, _, _, fallback, _ = coteaching.co_divide(s, "m", samples, equal, ctx)
+    assert not fallback and not caplog.records
+
+
+def test_stats_add_the_partner_p_value_only_with_the_switch():
+    sim = jnp.asarray(np.random.default_rng(2).normal(size=(6, 6)), jnp.float32)
+    mask = jnp.ones(6, bool)
+    assert set(coteaching.stats(ncr.Settings(), sim, mask)) == {"loss"}
+    got = coteaching.stats(ncr.Settings(noise_share="partner"), sim, mask)
+    s = np.asarray(sim, np.float64)
+    want = [(1 + sum(s[i, j] >= s[i, i] for j in range(6) if j != i)) / 6 for i in range(6)]
+    np.testing.assert_allclose(got["partner_p"], want, rtol=1e-6)

@@ -183,3 +183,62 @@ def test_refresh_falls_back_on_equal_scores(update_fn, caplog):
     assert "network 1's intra-modal scores of epoch 3 are all equal" in caplog.text
     np.testing.assert_array_equal(new.samples["labels"], previous)
     assert float(diagnostics["division_fallback"]) == 1.0
+
+
+SHARED = ENSEMBLE._replace(noise_share="partner")
+
+
+def _shared_memory(cross, intra, partner_p):
+    memory = gsc.init_memory(SHARED, base.InitContext(N, None, None, None))
+    assert set(memory.samples) == {*gsc._BUFFERS, "partner_p"}
+    return base.Memory(dict(memory.samples, cross=cross, intra=intra, partner_p=partner_p), {})
+
+
+def test_refresh_trains_every_label_at_1_where_the_p_values_bound_the_noise_near_0(caplog):
+    """``noise_share='partner'``: p-values with none above 1/2 bound the mismatched share
+    below the floor (k = 0 of N = 200: Wilson's bound 2.7 / 200 / 0.5 = 0.027), and every
+    label is 1, while the ensembles and the audit's score follow the buffers as without
+    the switch; uniform p-values (every pair could lie) leave the labels of the paper."""
+    rng = np.random.default_rng(8)
+    clean = np.arange(N) < 120
+    cross = np.where(clean, 0.8, 0.2).astype(np.float32)
+    intra = np.where(clean, rng.normal(0.9, 0.02, N), rng.normal(0.2, 0.05, N)).astype(np.float32)
+    update = gsc.label_updater(SHARED)
+    paper, _ = gsc.refresh(ENSEMBLE, _memory(cross, intra, np.ones(N, np.float32)), None, None)
+    small = _shared_memory(cross, intra, np.full(N, 0.01, np.float32))
+    off, diagnostics = gsc.refresh(SHARED, small, None, None, update_fn=update)
+    np.testing.assert_array_equal(off.samples["labels"], 1.0)
+    for name in ("ema_cross", "ema_intra", "intra_posterior"):
+        np.testing.assert_allclose(off.samples[name], paper.samples[name], rtol=1e-6)
+    np.testing.assert_allclose(gsc.clean_score(off), paper.samples["labels"], rtol=1e-6)
+    assert float(diagnostics["division_off"]) == 1.0
+    assert float(diagnostics["noise_share_bound"]) == pytest.approx(
+        2.7055 / 200 / 1.0135 / 0.5, rel=1e-3
+    )
+    uniform = _shared_memory(cross, intra, np.linspace(0.005, 1.0, N, dtype=np.float32))
+    on, diagnostics = gsc.refresh(SHARED, uniform, None, None, update_fn=update)
+    np.testing.assert_allclose(on.samples["labels"], paper.samples["labels"], rtol=1e-6)
+    assert float(diagnostics["division_off"]) == 0.0
+    assert float(diagnostics["noise_share_estimate"]) == pytest.approx(1.0, abs=0.01)
+    # A GMM with nothing to divide is no fallback while the division is off.
+    equal = _shared_memory(cross, np.full(N, 0.3, np.float32), np.full(N, 0.01, np.float32))
+    ctx = base.RefreshContext(3, 10, 0, None, None)
+    with caplog.at_level(logging.WARNING):
+        off, diagnostics = gsc.refresh(SHARED, equal, None, ctx, update_fn=update)
+    assert not caplog.records and float(diagnostics["division_fallback"]) == 0.0
+    np.testing.assert_array_equal(off.samples["labels"], 1.0)
+
+
+def test_the_loss_writes_each_pairs_partner_p_value():
+    rng = np.random.default_rng(3)
+    b = 8
+    sim = jnp.asarray(rng.normal(size=(b, b)), jnp.float32)
+    outputs = {"sim": sim, "sim_image": sim, "sim_text": sim.T}
+    mask = jnp.arange(b) < 6
+    ones = dict.fromkeys(("labels",), jnp.ones(b))
+    _, aux = gsc.loss(SHARED, outputs, {"mask": mask}, ones, ones, _ctx(MAIN))
+    s = np.asarray(sim, np.float64)
+    want = [(1 + sum(s[i, j] >= s[i, i] for j in range(6) if j != i)) / 6 for i in range(6)]
+    np.testing.assert_allclose(np.asarray(aux.memory["partner_p"])[:6], want, rtol=1e-6)
+    _, plain = gsc.loss(ENSEMBLE, outputs, {"mask": mask}, ones, ones, _ctx(MAIN))
+    assert "partner_p" not in plain.memory

@@ -210,3 +210,50 @@ def test_the_warmup_step_uses_uniform_complementary_labels_by_default():
     loss, _ = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, _ctx(base.WARMUP))
     want, _ = srem_method.srem_loss(logits, warmup=True, rectify="uniform", where=mask)
     np.testing.assert_allclose(loss, want, rtol=1e-6)
+
+
+def test_an_epoch_whose_p_values_bound_the_noise_near_0_keeps_every_pair():
+    """``noise_share='partner'``: the steps write each pair's partner p-value; the refresh
+    bounds the mismatched share on the last epoch's p-values (the pairs it wrote), and
+    where the bound is below ``noise_floor`` the next epoch's partner test runs at level 1
+    (every pair clean). Uniform p-values keep the test at its level."""
+    kwargs = {"division": "partner", "ranking": "contrastive", "noise_share": "partner"}
+    method = methods.build_method("srem", kwargs)
+    memory, written = _trained_memory(method, n=400, epoch=4)
+    assert float(memory.state["division_off"]) == 0.0
+    rng = np.random.default_rng(5)
+    # Unwritten pairs (the skipped partial batch) look like noise and must not count.
+    small = np.where(written, rng.uniform(0.005, 0.4, 400), 0.9).astype(np.float32)
+    memory = base.Memory(dict(memory.samples, partner_p=jnp.asarray(small)), memory.state)
+    off, diag = method.refresh_fn(memory, None, _refresh_ctx(4))
+    assert float(off.state["division_off"]) == 1.0 and diag["division_off"] == 1.0
+    assert diag["noise_share_estimate"] == 0.0
+    uniform = np.linspace(0.0025, 1.0, 400, dtype=np.float32)
+    memory = base.Memory(dict(memory.samples, partner_p=jnp.asarray(uniform)), memory.state)
+    on, diag = method.refresh_fn(memory, None, _refresh_ctx(4))
+    assert float(on.state["division_off"]) == 0.0
+    assert diag["noise_share_estimate"] == pytest.approx(1.0, abs=0.02)
+    # The steps: a batch with mismatched pairs; at level 1 every pair is clean.
+    b = 32
+    logits = _logits(4, b=b, boost=3.0)
+    logits = logits.at[:8, :8].set(logits[:8, :8] - 3.0 * jnp.eye(8))  # 8 partners like negatives
+    mask = jnp.ones(b, bool)
+    ctx = _ctx(base.MAIN)
+    _, aux_on = method.loss_fn(
+        {"logit": logits}, {"mask": mask}, {}, {}, ctx._replace(memory_state=on.state)
+    )
+    _, aux_off = method.loss_fn(
+        {"logit": logits}, {"mask": mask}, {}, {}, ctx._replace(memory_state=off.state)
+    )
+    want = selection.partner_test_mask(logits, 0.05, where=mask)
+    np.testing.assert_array_equal(aux_on.memory["clean_i2t"], np.asarray(want, np.float32))
+    assert float(aux_on.memory["clean_i2t"].mean()) < 1.0
+    np.testing.assert_array_equal(aux_off.memory["clean_i2t"], 1.0)
+    np.testing.assert_allclose(
+        aux_off.memory["partner_p"], selection.partner_p_value(logits, where=mask), rtol=1e-6
+    )
+
+
+def test_noise_share_needs_the_partner_test():
+    with pytest.raises(ValueError, match="noise_share must be 'none' unless division='partner'"):
+        methods.build_method("srem", {"noise_share": "partner"})
