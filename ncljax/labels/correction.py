@@ -26,6 +26,7 @@ References:
   numbers are the paper's (no official code was released).
 """
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -206,7 +207,12 @@ def random_confident_set(
 
 
 def knn_cosine(
-    z: ArrayLike, *, k: int, chunk: int = 2048, exclude_self: bool = True
+    z: ArrayLike,
+    *,
+    k: int,
+    chunk: int = 2048,
+    exclude_self: bool = True,
+    key_chunk: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     r"""Top-``k`` cosine neighbours of every row, computed over query chunks.
 
@@ -217,8 +223,11 @@ def knn_cosine(
     everything is 0). Queries are padded to a multiple of ``chunk`` and processed
     by ``lax.map``, so only a ``[chunk, N]`` similarity block (plus the ``[N, D]``
     embeddings) exists at a time: ``chunk * N`` floats, e.g. ``2048 * 42941`` =
-    352 MB in float32 for NUS-WIDE. Ties are broken by the lower index
-    (``lax.top_k``).
+    352 MB in float32 for NUS-WIDE. With ``key_chunk`` the candidates are scanned in
+    blocks of that many rows too, a running top-``k`` merged with each block, so the
+    similarity block is ``chunk * key_chunk`` floats whatever ``N`` (the result itself,
+    ``[N, k]``, remains). Ties are broken by the lower index (``lax.top_k``), in both
+    forms: the running top-``k`` holds only lower indices than the block it meets.
 
     Excluding self is ncljax's choice (the paper does not say); ``exclude_self=False``
     includes it (usually as the first neighbour, with similarity 1).
@@ -229,6 +238,7 @@ def knn_cosine(
         excluding self, ``k <= N`` otherwise).
       chunk: query rows per block (static; clipped to ``N``).
       exclude_self: drop ``j = i`` from the candidates (static).
+      key_chunk: candidate rows per block (static), or ``None``: all ``N`` at once.
 
     Returns:
       ``(index, similarity)``: int32 ``[N, k]`` neighbour positions and ``[N, k]``
@@ -258,10 +268,46 @@ def knn_cosine(
             sim = jnp.where(rows[:, None] == columns[None, :], -jnp.inf, sim)
         return lax.top_k(sim, k)
 
+    if key_chunk is not None:
+        block = functools.partial(_knn_block_scan, unit, k, exclude_self, key_chunk, chunk)
     similarity, index = lax.map(block, (queries, starts))
     similarity = similarity.reshape(-1, k)[:num_samples]
     index = index.reshape(-1, k)[:num_samples].astype(jnp.int32)
     return index, similarity
+
+
+def _knn_block_scan(unit, k, exclude_self, key_chunk, chunk, args):
+    """One query block's top-``k`` over the candidates in blocks of ``key_chunk`` rows:
+    ``(similarity [chunk, k], position [chunk, k])`` (:func:`knn_cosine`)."""
+    query, start = args
+    num_samples = unit.shape[0]
+    key_chunk = max(1, min(key_chunk, num_samples))
+    num_keys = -(-num_samples // key_chunk)
+    keys = jnp.pad(unit, ((0, num_keys * key_chunk - num_samples), (0, 0)))
+    keys = keys.reshape(num_keys, key_chunk, -1)
+    rows = start + jnp.arange(chunk, dtype=jnp.int32)
+
+    def merge(carry, args):
+        top_sim, top_index = carry
+        key, key_start = args
+        columns = key_start + jnp.arange(key_chunk, dtype=jnp.int32)
+        sim = jnp.matmul(query, key.T, precision=_HIGHEST)
+        drop = columns[None, :] >= num_samples  # padding candidates
+        if exclude_self:
+            drop = drop | (rows[:, None] == columns[None, :])
+        sim = jnp.where(drop, -jnp.inf, sim)
+        both = jnp.concatenate([top_sim, sim], axis=1)
+        positions = jnp.concatenate([top_index, jnp.broadcast_to(columns, sim.shape)], axis=1)
+        top_sim, at = lax.top_k(both, k)
+        return (top_sim, jnp.take_along_axis(positions, at, axis=1)), None
+
+    init = (
+        jnp.full((chunk, k), -jnp.inf, unit.dtype),
+        jnp.full((chunk, k), num_samples, jnp.int32),
+    )
+    key_starts = jnp.arange(num_keys, dtype=jnp.int32) * key_chunk
+    (similarity, index), _ = lax.scan(merge, init, (keys, key_starts))
+    return similarity, index
 
 
 def modal_consistency(

@@ -64,6 +64,7 @@ def correct_labels(
     exclude_self: bool = True,
     vote_normalise: bool = True,
     knn_chunk: int = 2048,
+    knn_key_chunk: int | None = None,
 ) -> LabelCorrection:
     """UOT-RCL's label correction of ``N`` pairs over ``K`` classes (jittable).
 
@@ -86,7 +87,9 @@ def correct_labels(
       confident: ``'jsd'`` (the paper) or ``'random'``.
       exclude_self: a pair is not its own neighbour.
       vote_normalise: the votes as distributions over classes (else raw sums).
-      knn_chunk: rows per chunk of the exact nearest-neighbour search.
+      knn_chunk: query rows per chunk of the exact nearest-neighbour search.
+      knn_key_chunk: candidate rows per chunk of it (``None``: all at once); with it the
+        search's similarity block is ``knn_chunk x knn_key_chunk``, whatever ``N``.
 
     Returns:
       The :class:`LabelCorrection`.
@@ -112,7 +115,9 @@ def correct_labels(
     c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set)
 
     def knn(z):
-        return correction.knn_cosine(z, k=neighbours, chunk=knn_chunk, exclude_self=exclude_self)
+        return correction.knn_cosine(
+            z, k=neighbours, chunk=knn_chunk, exclude_self=exclude_self, key_chunk=knn_key_chunk
+        )
 
     cost = correction.consistent_cost(
         c_image, c_text, knn(z_image), knn(z_text), new_image, new_text, normalise=vote_normalise

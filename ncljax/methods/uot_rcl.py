@@ -89,6 +89,9 @@ class Settings(NamedTuple):
         data at 40% noise it selected labels 50% correct at ``s = 0.2`` (normalised:
         98%).
       knn_chunk: query rows per chunk of the neighbour search (memory ``chunk x N``).
+      knn_key_chunk: candidate rows per chunk of it, or ``None`` (all ``N`` at once): the
+        search's block is then ``knn_chunk x knn_key_chunk`` whatever ``N``, the same
+        neighbours (``ncljax.labels.knn_cosine``).
       num_networks: 1 (UOT-RCL trains one network).
     """
 
@@ -115,6 +118,7 @@ class Settings(NamedTuple):
     exclude_self: bool = True
     vote_normalise: bool = True
     knn_chunk: int = 2048
+    knn_key_chunk: int | None = None
     num_networks: int = 1
 
 
@@ -142,6 +146,7 @@ CHECKS = {
     "exclude_self": settings.BOOLEAN,
     "vote_normalise": settings.BOOLEAN,
     "knn_chunk": settings.POSITIVE_INT,
+    "knn_key_chunk": settings.optional(settings.POSITIVE_INT, "all candidates at once"),
     "num_networks": settings.NUM_NETWORKS,
 }
 
@@ -389,6 +394,7 @@ def estimator(s: Settings) -> Callable:
             exclude_self=s.exclude_self,
             vote_normalise=s.vote_normalise,
             knn_chunk=s.knn_chunk,
+            knn_key_chunk=s.knn_key_chunk,
         )
     )
 
@@ -515,6 +521,7 @@ def _estimate(
     exclude_self,
     vote_normalise,
     knn_chunk,
+    knn_key_chunk,
 ):
     """The per-epoch estimation on device (``ncljax.labels.uot_rcl.correct_labels``):
     ``(samples with the new targets and labels, confident set, partial-OT output)``."""
@@ -539,6 +546,7 @@ def _estimate(
         exclude_self=exclude_self,
         vote_normalise=vote_normalise,
         knn_chunk=knn_chunk,
+        knn_key_chunk=knn_key_chunk,
     )
     targets_image, targets_text, result = fixed.targets_image, fixed.targets_text, fixed.ot
     confident_set = fixed.confident_set

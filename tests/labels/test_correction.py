@@ -28,7 +28,7 @@ _confident_set = jax.jit(confident_set, static_argnames=("per_class",))
 _random_confident_set = jax.jit(
     random_confident_set, static_argnames=("num_samples", "num_classes", "per_class")
 )
-_knn_cosine = jax.jit(knn_cosine, static_argnames=("k", "chunk", "exclude_self"))
+_knn_cosine = jax.jit(knn_cosine, static_argnames=("k", "chunk", "exclude_self", "key_chunk"))
 _modal_consistency = jax.jit(modal_consistency)
 _consistent_cost = jax.jit(consistent_cost, static_argnames=("shift", "normalise"))
 _update_targets = jax.jit(update_targets)
@@ -285,13 +285,16 @@ def test_random_confident_set():
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])
-@pytest.mark.parametrize("chunk", [8, 2048])
-def test_knn_matches_numpy_with_zero_rows(exclude_self, chunk):
+@pytest.mark.parametrize(("chunk", "key_chunk"), [(8, None), (2048, None), (8, 6), (5, 37), (8, 1)])
+def test_knn_matches_numpy_with_zero_rows(exclude_self, chunk, key_chunk):
+    """The query-chunked search, and with ``key_chunk`` the key-chunked one (a running
+    top-k merged block by block: padded candidate blocks, one-row blocks), against a
+    numpy sort over the whole set; the zero rows' ties go to the lowest indices in both."""
     rng = _rng(6)
     z = rng.normal(size=(37, 6)).astype(np.float32) * rng.uniform(0.1, 3.0, size=(37, 1))
     z[[4, 20]] = 0.0
     z = z.astype(np.float32)
-    index, sim = _knn_cosine(z, k=5, chunk=chunk, exclude_self=exclude_self)
+    index, sim = _knn_cosine(z, k=5, chunk=chunk, exclude_self=exclude_self, key_chunk=key_chunk)
     ref_index, ref_sim = np_knn(z, 5, exclude_self)
     np.testing.assert_array_equal(index, ref_index)
     np.testing.assert_allclose(sim, ref_sim, atol=ATOL)
