@@ -16,9 +16,13 @@ memory rows, forward (the method's ``forward_fn`` gets the update's ``LossContex
 holds every batch of the step, so an update can read the others), per-example losses
 masked and reduced over the *global* batch, one optimiser update, scatter memory rows (at
 the batch's indices, then any ``memory_at`` rows at theirs). An update whose batch holds
-no real pair moves nothing. A step whose inputs, losses or gradients are not finite leaves the state
-unchanged but for its step counter and records its step in ``state.nonfinite_step``;
-the host checks it on log steps and stops the run. Metrics are ``(sum, count)`` pairs.
+no real pair moves nothing. A step whose inputs, losses or gradients are not finite leaves the
+parameters, model and optimiser states unchanged, advances its step counter and records
+its step in ``state.nonfinite_step``; the host checks it on log steps and stops the run
+(the last good checkpoint is kept). Its memory keeps only the rows of its finite updates
+(per-pair values of the parameters the step started from): the memory is written in
+place by row, never copied or selected whole, so a step costs O(batch), not O(N).
+Metrics are ``(sum, count)`` pairs.
 """
 
 from __future__ import annotations
@@ -65,18 +69,23 @@ def _finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def _gather_rows(samples: dict, index: jax.Array) -> dict:
-    """Rows ``[B, ...]`` of ``[N, ...]`` memory; padding indices (``N``) are clipped."""
-    return jax.tree.map(lambda m: jnp.take(m, index, axis=0, mode="clip"), samples)
+def _gather_rows(samples: dict, index, network=None) -> dict:
+    """Rows ``[B, ...]`` of ``[N, ...]`` memory at ``index`` (or any index of the arrays,
+    e.g. ``(networks, index)``), or of network ``network`` of stacked ``[K, N, ...]``
+    memory; padding indices (``N``) are clipped."""
+    at = index if network is None else (network, index)
+    return jax.tree.map(lambda m: m.at[at].get(mode="clip"), samples)
 
 
-def _scatter_rows(samples: dict, index: jax.Array, rows: dict) -> dict:
-    """Writes ``rows`` ``[B, ...]`` at ``index``; out-of-range (padding) indices are dropped."""
+def _scatter_rows(samples: dict, index: jax.Array, rows: dict, network=None) -> dict:
+    """Writes ``rows`` ``[B, ...]`` at ``index`` (of network ``network`` of stacked
+    memory); out-of-range (padding) indices are dropped."""
+    at = index if network is None else (network, index)
     out = dict(samples)
     for name, value in rows.items():
         if name not in out:
             raise KeyError(f"loss_fn wrote memory row {name!r}, absent from init_memory.")
-        out[name] = out[name].at[index].set(value.astype(out[name].dtype), mode="drop")
+        out[name] = out[name].at[at].set(value.astype(out[name].dtype), mode="drop")
     return out
 
 
@@ -155,7 +164,7 @@ def make_train_step(
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Step:
     """The pieces of a train step, top to bottom: :meth:`train_step` (every network, in
-    turn or under ``vmap``, and the all-or-nothing commit), :meth:`network_step` (one
+    turn or under ``vmap``, and the commit of a finite step), :meth:`network_step` (one
     network's updates), :meth:`update` (one optimiser update), :meth:`loss` (the
     forward and the method's loss)."""
 
@@ -186,21 +195,37 @@ class _Step:
             rng=key,
         )
         samples = state.memory.samples
-        net = (state.params, state.model_state, state.opt_state, samples, state.memory.state)
         step_fn = functools.partial(
             self.network_step, batches=batches, spec=spec, ctx=ctx, clean=clean
         )
+        # The memory is read and written in place by row (the stacked [K, N] arrays and a
+        # network index): no [N] slice, roll or copy per step.
         if spec.in_turn:
             k = jnp.asarray(network, jnp.int32)
             peer_k = (k + 1) % num_networks
-            peer = state_lib.network((state.params, state.model_state, samples), peer_k)
-            new_k, ok, metrics = step_fn(state_lib.network(net, k), peer, keys[k], k)
-            params, model_state, opt_state, samples = state_lib.set_network(net[:4], k, new_k)
+            models = state_lib.network((state.params, state.model_state), peer_k)
+            net = state_lib.network(
+                (state.params, state.model_state, state.opt_state, state.memory.state), k
+            )
+            new_k, ok, metrics = step_fn(
+                net, (*models, samples, peer_k), keys[k], k, own=(samples, k)
+            )
+            params, model_state, opt_state = state_lib.set_network(
+                (state.params, state.model_state, state.opt_state), k, new_k[:3]
+            )
+            samples = new_k[3]
         else:
             roll = lambda tree: jax.tree.map(lambda x: jnp.roll(x, 1, axis=0), tree)
-            peer = roll((state.params, state.model_state, samples))
-            (params, model_state, opt_state, samples), ok, metrics = jax.vmap(step_fn)(
-                net, peer, keys, jnp.arange(num_networks)
+            models = roll((state.params, state.model_state))
+            net = (state.params, state.model_state, state.opt_state, state.memory.state)
+            peer_ks = (jnp.arange(num_networks) + 1) % num_networks
+            vmapped = jax.vmap(
+                lambda net, models, peer_k, key, k, own: step_fn(
+                    net, (*models, samples, peer_k), key, k, own=(own, None)
+                )
+            )
+            (params, model_state, opt_state, samples), ok, metrics = vmapped(
+                net, models, peer_ks, keys, jnp.arange(num_networks), samples
             )
             ok = ok.all()
             metrics = jax.tree.map(lambda m: m.sum(0), metrics)
@@ -213,22 +238,26 @@ class _Step:
             params=keep(params, state.params),
             model_state=keep(model_state, state.model_state),
             opt_state=keep(opt_state, state.opt_state),
-            memory=keep(Memory(samples=samples, state=state.memory.state), state.memory),
+            memory=Memory(samples=samples, state=state.memory.state),
             nonfinite_step=jnp.where(
                 ok | (state.nonfinite_step >= 0), state.nonfinite_step, state.step
             ),
         )
         return new, metrics
 
-    def network_step(self, net, peer, key, network, batches, spec, ctx, clean):
-        """One network's updates. ``net``: (params, model_state, opt_state, samples,
-        memory_state); ``peer``: (params, model_state, samples) of its peer."""
-        params, model_state, opt_state, samples, memory_state = net
-        peer_params, peer_model_state, peer_samples = peer
+    def network_step(self, net, peer, key, network, batches, spec, ctx, clean, own):
+        """One network's updates. ``net``: (params, model_state, opt_state, memory_state);
+        ``peer``: (params, model_state, stacked samples, index) of its peer; ``own``: this
+        network's samples, ``(samples [N, ...], None)`` or ``(stacked [K, N, ...], k)``.
+        Returns ``((params, model_state, opt_state, samples), ok, metrics)``."""
+        params, model_state, opt_state, memory_state = net
+        peer_params, peer_model_state, stacked, peer_k = peer
+        samples, own_k = own
+        peer_rows = tuple(_gather_rows(stacked, b["index"], peer_k) for b in batches)
         ctx = ctx._replace(
             network=network,
             batches=batches,
-            peer_rows=tuple(_gather_rows(peer_samples, b["index"]) for b in batches),
+            peer_rows=peer_rows,
             memory_state=memory_state,
         )
         ctx = ctx._replace(
@@ -240,7 +269,8 @@ class _Step:
             key_u = key if u == 0 else jax.random.fold_in(key, u)
             trained, finite, step_metrics = self.update(
                 trained,
-                peer_samples,
+                own_k,
+                peer_rows[stream],
                 memory_state,
                 key_u,
                 batches,
@@ -253,9 +283,13 @@ class _Step:
                 metrics[f"{name}_update{u}" if name in metrics else name] = value
         return trained, ok, metrics
 
-    def update(self, trained, peer_samples, memory_state, key, batches, stream, ctx, clean):
+    def update(self, trained, own_k, peer_rows, memory_state, key, batches, stream, ctx, clean):
         """One optimiser update on ``batches[stream]``: ``(params, model_state, opt_state,
-        samples)`` after it, whether everything it computed is finite, its metrics."""
+        samples)`` after it (``samples`` of network ``own_k`` of the stacked memory, or the
+        network's own ``[N, ...]`` memory when ``None``), whether everything it computed is
+        finite, its metrics. Its memory rows are written only when it is finite: the
+        index of a row not to write is ``N``, dropped by the scatter, so the memory is
+        updated in place, never copied or selected whole."""
         params, model_state, opt_state, samples = trained
         batch = batches[stream]
         index, mask = batch["index"], batch["mask"]
@@ -263,8 +297,8 @@ class _Step:
         (loss, (per_example, aux, new_model_state)), grads = grad_fn(
             params,
             model_state,
-            _gather_rows(samples, index),
-            _gather_rows(peer_samples, index),
+            _gather_rows(samples, index, own_k),
+            peer_rows,
             memory_state,
             key,
             batch,
@@ -283,10 +317,11 @@ class _Step:
         model_state = moved(new_model_state, model_state)
         opt_state = moved(new_opt_state, opt_state)
         if written:
-            samples = _scatter_rows(samples, jnp.where(mask, index, self.num_samples), written)
-        if at_rows:
-            at_index = jnp.where(real, at_index, self.num_samples)  # no real pair: no write
-            samples = _scatter_rows(samples, at_index, at_rows)
+            index = jnp.where(mask & ok, index, self.num_samples)
+            samples = _scatter_rows(samples, index, written, own_k)
+        if at_rows:  # no real pair, or not finite: no write
+            at_index = jnp.where(real & ok, at_index, self.num_samples)
+            samples = _scatter_rows(samples, at_index, at_rows, own_k)
         step_metrics = {"loss": masking.masked_metric(per_example, mask)}
         for name, values in aux.metrics.items():
             step_metrics[name] = masking.masked_metric(values, mask)

@@ -135,11 +135,13 @@ def test_init_memory_carries_the_given_division_and_the_step_hands_it_to_the_los
     seen = []
     step = step_lib._Step(None, base.Method("spy", None, None), None, 4)
     update = lambda trained, *args: (trained, jnp.array(True), seen.append(args[-2]) or {})
-    net = (None, None, None, {}, memory.state)
-    peer = (None, None, {})
+    net = (None, None, None, memory.state)
+    peer = (None, None, {}, 0)
     batches = ({"index": jnp.arange(2), "mask": jnp.ones(2, bool)},)
     with mock.patch.object(step_lib._Step, "update", lambda self, *a: update(*a)):
-        step.network_step(net, peer, None, 0, batches, step_lib.StepSpec(0), _ctx(0), None)
+        step.network_step(
+            net, peer, None, 0, batches, step_lib.StepSpec(0), _ctx(0), None, own=({}, None)
+        )
     assert seen[0].memory_state is memory.state
 
 

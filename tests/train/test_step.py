@@ -307,3 +307,49 @@ def test_the_reduction_applies_the_methods_weights(data):
         jax.tree.map(lambda x, y: np.abs(x - y).max(), state_a.params, state_c.params)
     )
     assert max(differs) > 1e-4  # the weights changed the update
+
+
+@pytest.mark.parametrize("in_turn", [False, True])
+def test_a_nonfinite_update_writes_no_memory_row(data, in_turn):
+    """A step writes memory in place at its batch's rows and at the rows its loss names
+    (``Aux.memory_at``), each update only if everything it computed is finite: the
+    nonfinite network's memory is as before the step (all rows), a finite network of the
+    same step keeps its rows (values of the parameters the step started from), and no
+    parameter moves."""
+    info, batches = data
+    recording = _recording_method()
+
+    def loss_fn(outputs, batch, rows, peer_rows, ctx):
+        loss, aux = recording.loss_fn(outputs, batch, rows, peer_rows, ctx)
+        at = (jnp.asarray([7, 31], jnp.int32), {"label": jnp.full((2,), 5.0) + ctx.step})
+        bad = (ctx.step == 1) & (ctx.network == 1)  # one network's update only
+        return jnp.where(bad, jnp.nan, loss), dataclasses.replace(aux, memory_at=at)
+
+    method = recording._replace(loss_fn=loss_fn)
+    mesh, state, train_step = _setup(info, method, num_devices=1)
+    spec = step_lib.StepSpec(phase=0, in_turn=in_turn)
+    sharding = mesh_lib.batch_sharding(mesh)
+    network = 1 if in_turn else 0
+    with jax.set_mesh(mesh):
+        state, _ = train_step(state, pipeline.to_device(batches[0], sharding), spec, None, network)
+        written = jax.device_get(state)
+        state, _ = train_step(state, pipeline.to_device(batches[1], sharding), spec, None, network)
+    after = jax.device_get(state)
+    assert int(after.nonfinite_step) == 1
+    _close(after.params, written.params, rtol=0, atol=0)
+    _close(after.opt_state, written.opt_state, rtol=0, atol=0)
+    first = np.asarray(batches[0]["index"])[np.asarray(batches[0]["mask"])]
+    second = np.asarray(batches[1]["index"])[np.asarray(batches[1]["mask"])]
+    trained = [network] if in_turn else [0, 1]
+    for k in range(2):
+        seen = np.asarray(after.memory.samples["seen_at"])[k]
+        label = np.asarray(after.memory.samples["label"])[k]
+        want_seen, want_label = np.full(40, -1), np.zeros(40)
+        if k in trained:
+            want_seen[first] = 0
+            want_label[[7, 31]] = 5.0
+        if k == 0 and not in_turn:  # the finite network of the nonfinite step
+            want_seen[second] = 1
+            want_label[[7, 31]] = 6.0
+        np.testing.assert_array_equal(seen, want_seen)
+        np.testing.assert_array_equal(label, want_label)
