@@ -48,11 +48,10 @@ def info_nce(
     if logits.ndim != 2 or logits.shape[0] != logits.shape[1]:
         raise ValueError(f"logits must be square [B, B], got {logits.shape}")
     num = logits.shape[0]
-    if targets is None:
-        targets = jnp.eye(num, dtype=logits.dtype)
-    targets = jnp.asarray(targets, dtype=logits.dtype)
-    if targets.shape != logits.shape:
-        raise ValueError(f"targets must have shape {logits.shape}, got {targets.shape}")
+    if targets is not None:
+        targets = jnp.asarray(targets, dtype=logits.dtype)
+        if targets.shape != logits.shape:
+            raise ValueError(f"targets must have shape {logits.shape}, got {targets.shape}")
     where = masking.valid_rows(num, where)
 
     column_ok = where[None, :]
@@ -61,6 +60,11 @@ def info_nce(
     # example is masked) and neither its values nor its gradient can leak NaN; its loss is
     # zeroed below anyway.
     masked_logits = jnp.where(where[:, None], masked_logits, 0.0)
+    if targets is None:
+        # The identity's cross-entropy is logsumexp(row) - x_bb: no [B, B] target product
+        # (the step's largest B x B term after the logits at batch 4096).
+        loss = jax.nn.logsumexp(masked_logits, axis=-1) - jnp.diagonal(masked_logits)
+        return jnp.where(where, loss, 0.0)
     log_prob = jax.nn.log_softmax(masked_logits, axis=-1)
     # Excluded columns hold -inf; replace them before multiplying so 0 * -inf cannot give NaN,
     # in the value or in the gradient with respect to the targets.
