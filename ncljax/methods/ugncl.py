@@ -407,6 +407,8 @@ def objective(
         kl_weight=s.xi1,
         robust_weight=s.xi2,
         where=mask,
+        # lambda anneals from lambda_start down to theta: a static bound on it
+        max_negatives=max(s.lambda_start, s.theta),
         **phase,
     )
 

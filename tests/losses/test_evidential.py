@@ -258,6 +258,25 @@ def test_top_k_mean_traced_k_does_not_recompile():
     assert fn._cache_size() == 1
 
 
+@pytest.mark.parametrize("max_k", [4, 7, 12])
+def test_top_k_mean_with_a_static_bound_selects_instead_of_sorting(max_k):
+    """``max_k``: ``lax.top_k`` of ``max_k`` entries per row, masked to a traced ``k <=
+    max_k``: the numpy oracle's value, and the sort's gradient (ties included)."""
+    costs = np.random.default_rng(211).uniform(0.0, 1.0, (5, 7)).astype(np.float32)
+    costs[:, 3] = costs[:, 5]  # ties
+    bounded = jit(lambda c, k: top_k_mean(c, k, max_k=max_k))
+    for k in range(0, max_k + 1):
+        np.testing.assert_allclose(bounded(costs, k), np_top_k_mean(costs, k), rtol=1e-6, atol=1e-7)
+        grads = [
+            jax.grad(lambda c, m=m, k=k: top_k_mean(c, k, max_k=m).sum())(jnp.asarray(costs))
+            for m in (None, max_k)
+        ]
+        np.testing.assert_allclose(grads[1].sum(-1), grads[0].sum(-1), rtol=1e-6)
+        np.testing.assert_allclose(
+            np.sort(np.asarray(grads[1]), -1), np.sort(np.asarray(grads[0]), -1), rtol=1e-6
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Trusted robust loss (Eq. 16, the paper's Sec. 3.3).
 
@@ -329,8 +348,8 @@ def test_trl_warmup_loss_matches_oracle(masked):
 # The overall objective (Eq. 18, the paper's Sec. 3.3).
 
 
-@jit(static_argnames=("warmup", "aggregation"))
-def _ugncl(log_e, sim, labels, codes, margins, lam, where, warmup, aggregation):
+@jit(static_argnames=("warmup", "aggregation", "max_negatives"))
+def _ugncl(log_e, sim, labels, codes, margins, lam, where, warmup, aggregation, max_negatives=None):
     return ugncl_loss(
         log_e,
         sim,
@@ -341,6 +360,7 @@ def _ugncl(log_e, sim, labels, codes, margins, lam, where, warmup, aggregation):
         warmup=warmup,
         edl_view_aggregation=aggregation,
         where=where,
+        max_negatives=max_negatives,
     )
 
 
@@ -351,6 +371,8 @@ def test_ugncl_loss_matches_oracle(warmup, aggregation, views):
     log_e, sim, labels, codes, margins = batch(240 + views, views)
     for where in (ALL, WHERE):
         shares, terms = _ugncl(log_e, sim, labels, codes, margins, 3, where, warmup, aggregation)
+        bounded, _ = _ugncl(log_e, sim, labels, codes, margins, 3, where, warmup, aggregation, 5)
+        np.testing.assert_allclose(bounded, shares, rtol=1e-6, atol=1e-7)
         total, want, evidential, robust = np_ugncl(
             log_e, sim, where, 3, labels, codes, margins, warmup, aggregation
         )
