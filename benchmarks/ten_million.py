@@ -2,6 +2,8 @@ r"""A web-scale vectors folder trained, divided and audited on one machine.
 
   python benchmarks/ten_million.py --pairs=10000000 --dir=/data/bench      # 10^7 pairs
   python benchmarks/ten_million.py --pairs=100000 --dir=/tmp/bench        # a quick check
+  python benchmarks/ten_million.py --pairs=1000000 --method=ncr \
+      --override=method_kwargs.warmup_epochs=1                            # NCR: one co-divide
 
 Writes ``--dir/pairs_<N>x<dim>/`` (``ncljax.data.vectors``'s layout, float16): image vectors
 ``x ~ N(0, I)`` and caption vectors ``t = x W + 0.5 e`` (a fixed random ``W``, fresh noise
@@ -127,6 +129,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--embed_dim", type=int, default=32)
     parser.add_argument("--cleanup", action="store_true")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a config field for the training run, e.g. method_kwargs.warmup_epochs=1",
+    )
     args = parser.parse_args()
     folder = os.path.join(args.dir, f"pairs_{args.pairs}x{args.dim}")
     seconds = write(folder, args)
@@ -158,6 +166,7 @@ def main() -> None:
         f"--config.model.text_mlp.hidden=({args.hidden},)",
         f"--config.model.embed_dim={args.embed_dim}",
         "--config.train.progress_bar=False",
+        *(f"--config.{field}" for field in args.override),
     ]
     try:
         out = timed(train, run + "_train.log")
