@@ -1,5 +1,5 @@
-r"""How many pairs lie: the mismatched share estimated against the batch's own null, and
-a division capped at it (ncljax's).
+r"""How many pairs lie: the mismatched share estimated against the batch's own null, and a
+division switched off where it is next to nothing (ncljax's).
 
 A method's division (a two-component GMM, an energy split, an uncertainty cut) always
 finds two groups: on a folder without a single mismatched pair it still sets aside its
@@ -13,9 +13,9 @@ few matched ones, so
 
 .. math:: \hat\pi = \frac{|\{i : p_i > \lambda\}|}{N (1 - \lambda)}
 
-estimates the mismatched share from above (Storey, "A direct approach to false discovery
-rates", JRSS B 2002, Eq. 3, with the matched pairs as the alternatives: the hard matched
-pairs above :math:`\lambda` make it conservative). :func:`noise_share` returns it with a
+estimates the mismatched share (Storey, "A direct approach to false discovery rates",
+JRSS B 2002, Eq. 3, with the matched pairs as the alternatives: the hard matched pairs
+above :math:`\lambda` make it err high). :func:`noise_share` returns it with a
 one-sided Wilson upper confidence bound, and :func:`no_noise` switches a division off
 for an epoch where the bound is below a floor (a few per cent).
 
