@@ -36,6 +36,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+# A method's ``noise_share`` setting: ``'none'`` (the papers) or ``'partner'`` (this test).
+MODES = ("none", "partner")
+
 
 class NoiseShare(NamedTuple):
     """The estimated mismatched share of a set of partner p-values.

@@ -37,6 +37,7 @@ from ncljax import labels as labels_lib
 from ncljax import losses
 from ncljax.labels import gmm as gmm_lib
 from ncljax.labels import ncr as ncr_labels
+from ncljax.labels import share as share_lib
 from ncljax.methods import base, settings
 
 WARMUP, MAIN = base.WARMUP, base.MAIN  # warm-up; co-training with the clean update only
@@ -107,7 +108,7 @@ CHECKS = {
     "division_min_separation": settings.NON_NEGATIVE,
     "ranking": settings.one_of(*RANKINGS),
     "temperature": settings.POSITIVE,
-    "noise_share": settings.one_of("none", "partner"),
+    "noise_share": settings.one_of(*share_lib.MODES),
     "noise_floor": settings.UNIT_INTERVAL,
 }
 

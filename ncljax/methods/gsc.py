@@ -172,7 +172,7 @@ CHECKS = {
     "num_networks": settings.NUM_NETWORKS,
     "division_min_weight": settings.DIVISION_MIN_WEIGHT,
     "division_min_separation": settings.NON_NEGATIVE,
-    "noise_share": settings.one_of("none", "partner"),
+    "noise_share": settings.one_of(*share_lib.MODES),
     "noise_floor": settings.UNIT_INTERVAL,
 }
 

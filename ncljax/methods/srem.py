@@ -292,7 +292,7 @@ _CHOICES = {
     "calibration": CALIBRATIONS,
     "division": selection.DIVISIONS,
     "ranking": RANKINGS,
-    "noise_share": ("none", "partner"),
+    "noise_share": share_lib.MODES,
 }
 # The rule of each setting (``settings.check``), in the order its messages are joined.
 CHECKS = {name: settings.one_of(*allowed) for name, allowed in _CHOICES.items()}

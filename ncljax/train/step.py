@@ -69,10 +69,9 @@ def _finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def _gather_rows(samples: dict, index, network=None) -> dict:
-    """Rows ``[B, ...]`` of ``[N, ...]`` memory at ``index`` (or any index of the arrays,
-    e.g. ``(networks, index)``), or of network ``network`` of stacked ``[K, N, ...]``
-    memory; padding indices (``N``) are clipped."""
+def _gather_rows(samples: dict, index: jax.Array, network=None) -> dict:
+    """Rows ``[B, ...]`` at ``index`` of ``[N, ...]`` memory, or of network ``network`` of
+    stacked ``[K, N, ...]`` memory; padding indices (``N``) are clipped."""
     at = index if network is None else (network, index)
     return jax.tree.map(lambda m: m.at[at].get(mode="clip"), samples)
 

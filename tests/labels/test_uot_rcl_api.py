@@ -47,14 +47,9 @@ def test_correct_labels_is_the_six_steps_in_order(data):
     np.testing.assert_array_equal(got.confident_set.index, confident.index)
     assert float(got.labels.sum()) == pytest.approx(0.6 * 60, rel=1e-3)  # Q = N * plan
     # The key-chunked neighbour search (a [chunk, key_chunk] block whatever N): the same.
+    inputs = (z_image, z_text, logits_image, logits_text, observed, observed, marginal)
     chunked = labels.correct_labels(
-        z_image,
-        z_text,
-        logits_image,
-        logits_text,
-        observed,
-        observed,
-        marginal,
+        *inputs,
         mass=0.6,
         per_class=3,
         neighbours=5,
@@ -63,17 +58,7 @@ def test_correct_labels_is_the_six_steps_in_order(data):
     )
     np.testing.assert_allclose(chunked.labels, got.labels, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="needs a key"):
-        labels.correct_labels(
-            z_image,
-            z_text,
-            logits_image,
-            logits_text,
-            observed,
-            observed,
-            marginal,
-            mass=0.5,
-            confident="random",
-        )
+        labels.correct_labels(*inputs, mass=0.5, confident="random")
 
 
 def test_uot_rcl_loss_terms_against_numpy(data):
