@@ -79,6 +79,7 @@ from ncljax.train import state as state_lib
 NOTHING_TO_AUDIT = 3  # the exit status for a run whose method scores no pair
 OUT_DIR = "audit"
 PAIR_FIELDS = ("rank", "index", "clean_score", "image_id", "caption", "step")
+ROW_CHUNK = 65_536  # rows converted to Python objects at a time (rows)
 TEXT_FIELDS = ("image_id", "caption")  # the user's own text: neutralised in pairs.csv
 CSV_FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs these
 LABEL_FIELDS = (
@@ -524,24 +525,28 @@ def fields(scores: PairScores) -> tuple[str, ...]:
     return PAIR_FIELDS + raw + (LABEL_FIELDS if scores.labels is not None else ())
 
 
-def rows(scores: PairScores) -> Iterator[dict]:
-    """The exported rows, most suspicious first."""
+def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
+    """The exported rows, most suspicious first, converted ``chunk`` rows at a time: the
+    Python objects alive at once grow with the chunk, not with the number of pairs."""
     order = np.argsort(scores.rank)
-    empty = [""] * order.size
-    columns = {
-        "rank": scores.rank[order].tolist(),
-        "index": order.tolist(),
-        "clean_score": scores.clean_score[order].tolist(),
-        "image_id": [scores.image_ids[k] for k in order] if scores.image_ids else empty,
-        "caption": [scores.captions[k] for k in order] if scores.captions else empty,
-        "step": [scores.checkpoint["step"]] * order.size,
-    }
-    if scores.raw_cosine is not None:
-        columns["raw_cosine"] = scores.raw_cosine[order].tolist()
-    for name, values in (scores.labels or {}).items():
-        columns[name] = values[order].tolist()
-    for values in zip(*columns.values(), strict=True):
-        yield dict(zip(columns, values, strict=True))
+    step = scores.checkpoint["step"]
+    for start in range(0, order.size, chunk):
+        part = order[start : start + chunk]
+        empty = [""] * part.size
+        columns = {
+            "rank": scores.rank[part].tolist(),
+            "index": part.tolist(),
+            "clean_score": scores.clean_score[part].tolist(),
+            "image_id": [scores.image_ids[k] for k in part] if scores.image_ids else empty,
+            "caption": [scores.captions[k] for k in part] if scores.captions else empty,
+            "step": [step] * part.size,
+        }
+        if scores.raw_cosine is not None:
+            columns["raw_cosine"] = scores.raw_cosine[part].tolist()
+        for name, values in (scores.labels or {}).items():
+            columns[name] = values[part].tolist()
+        for values in zip(*columns.values(), strict=True):
+            yield dict(zip(columns, values, strict=True))
 
 
 def summary(scores: PairScores, known: dict | None = None) -> dict:

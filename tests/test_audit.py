@@ -478,3 +478,15 @@ def test_what_a_killed_audit_left_is_removed_by_the_next(runs, tmp_path):
     assert {r["step"] for r in rows} == {str(step)}
     with open(os.path.join(workdir, "audit", "audit.json")) as f:
         assert json.load(f)["checkpoint"]["step"] == step
+
+
+def test_rows_in_chunks_are_the_rows_at_once():
+    captions = [f"caption {k}" for k in range(11)]
+    ids = [f"img{k % 4}" for k in range(11)]
+    scores = _scores(captions, ids)._replace(
+        rank=np.array([5, 1, 11, 2, 9, 3, 10, 4, 8, 6, 7]), raw_cosine=np.linspace(0, 1, 11)
+    )
+    whole = list(audit.rows(scores, chunk=11))
+    assert [r["index"] for r in whole] == list(np.argsort(scores.rank))
+    for chunk in (1, 3, 4, 64):
+        assert list(audit.rows(scores, chunk=chunk)) == whole
