@@ -17,7 +17,9 @@ memory), the user's path with a small model (``--hidden``, ``--embed_dim``) at `
 
 * ``train``: ``python -m ncljax.train --config=<method>:vectors`` for ``--epochs`` epochs
   (2: GSC refreshes its labels from the epoch's buffers before every epoch but the first,
-  so the second epoch trains on one division);
+  so the second epoch trains on one division), with each refresh's own wall time (the
+  trainer's ``refresh_seconds``: the statistics pass and the division, compilation
+  included);
 * ``audit``: ``python -m ncljax.audit`` over every training pair, and the AUC of its
   ``clean_score`` against ``mismatched.npy``.
 
@@ -171,8 +173,10 @@ def main() -> None:
     try:
         out = timed(train, run + "_train.log")
         with open(os.path.join(run, "metrics.jsonl")) as f:
-            rates = [json.loads(line).get("pairs_per_s") for line in f]
-        rates = [r for r in rates if r]
+            rows = [json.loads(line) for line in f]
+        rates = [r["pairs_per_s"] for r in rows if r.get("pairs_per_s")]
+        # each refresh: its statistics pass and the networks' divisions, compilation included
+        refreshes = [r["refresh_seconds"] for r in rows if "refresh_seconds" in r]
         print(
             json.dumps(
                 {
@@ -181,6 +185,7 @@ def main() -> None:
                     "epochs": args.epochs,
                     "batch": args.batch,
                     "pairs_per_s_median": float(np.median(rates)) if rates else None,
+                    "refresh_seconds": refreshes,
                 }
             ),
             flush=True,

@@ -469,6 +469,10 @@ class _Run(NamedTuple):
     schedule: Callable
 
 
+# Metrics that measure the machine, not the run: a resumed or repeated run differs in them.
+WALL_CLOCK = ("pairs_per_s", "refresh_seconds")
+
+
 def _lr_epoch(plan, epoch: int) -> int:
     return epoch if plan.lr_epoch is None else plan.lr_epoch
 
@@ -477,8 +481,12 @@ def _start_epoch(run: _Run, state, refresh: Refresher, epoch: int, plan):
     """Before an epoch's first step: its counter, the refresh and an optimiser reset."""
     state = state._replace(epoch=jnp.full_like(state.epoch, epoch))
     if plan.refresh:
+        tic = time.perf_counter()
         state, diagnostics = refresh(state, epoch)
         if diagnostics:
+            # the statistics pass and every network's refresh, its memory written
+            jax.block_until_ready(state.memory)
+            diagnostics["refresh_seconds"] = time.perf_counter() - tic
             run.writer.write(
                 step=int(state.step), epoch=epoch, split="refresh", metrics=diagnostics
             )
