@@ -47,6 +47,7 @@ from ncljax.labels.ot import (
 )
 from ncljax.labels.pc2 import (
     assign_pseudo_captions,
+    bank_probabilities,
     calibrated_cutoff,
     chance_cosine,
     clean_soft_label,
@@ -55,6 +56,7 @@ from ncljax.labels.pc2 import (
     noisy_margin,
     prediction_oscillation,
     resample_to_fixed,
+    top_classes,
 )
 from ncljax.labels.share import NoiseShare, no_noise, noise_share
 from ncljax.labels.share import diagnostics as share_diagnostics
@@ -101,6 +103,7 @@ __all__ = [
     "PartialOTOutput",
     "RelationPlan",
     "assign_pseudo_captions",
+    "bank_probabilities",
     "calibrate_energy",
     "calibrate_signals",
     "calibrated_cutoff",
@@ -160,6 +163,7 @@ __all__ = [
     "share_diagnostics",
     "split_clean",
     "swap_weights",
+    "top_classes",
     "trusted_margins",
     "ugd_partition",
     "update_targets",

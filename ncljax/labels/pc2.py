@@ -3,8 +3,10 @@ r"""PC2's estimators: classifier inputs, prediction oscillation, soft labels, ps
 * :func:`resample_to_fixed` (the caption input :math:`\Phi_{36}` of the pseudo-classifier,
   with the batch's maximum length traced, so a new length does not recompile) and
   :func:`flatten_regions` (:math:`\mathrm{vec}`, region-major);
-* :func:`prediction_oscillation` (Eq. 7, or the official code's reversed KL) and
-  :func:`clean_soft_label` (Eq. 8's :math:`\hat y`, the correspondence rectification);
+* :func:`prediction_oscillation` (Eq. 7, or the official code's reversed KL),
+  :func:`top_classes` and :func:`bank_probabilities` (a prediction bank kept as each
+  pair's most probable classes, ncljax's), and :func:`clean_soft_label` (Eq. 8's
+  :math:`\hat y`, the correspondence rectification);
 * :func:`assign_pseudo_captions` (Eq. 4), :func:`noisy_margin` (Eq. 5) and
   :func:`gather_pseudo_captions` / :func:`gather_rows` (the pseudo-caption of each noisy
   image: the clean caption's own word features and length).
@@ -205,6 +207,45 @@ def prediction_oscillation(
     b = jnp.where(ok[:, None], b, 1.0)
     kl = jnp.sum(a * (jnp.log(jnp.maximum(a, eps)) - jnp.log(jnp.maximum(b, eps))), axis=1)
     return jnp.where(ok, kl, 0.0)
+
+
+def top_classes(p: ArrayLike, k: int) -> tuple[jax.Array, jax.Array]:
+    """Each row's ``k`` most probable classes: ``(probabilities [N, k], classes [N, k])``,
+    most probable first (ties to the lower class; ``jax.lax.top_k``). The compact form of a
+    prediction bank (:func:`bank_probabilities` reads it back)."""
+    p = _SG(_float(p))
+    if p.ndim != 2 or not 1 <= k <= p.shape[1]:
+        raise ValueError(f"p must be [N, K] with 1 <= k <= K, got {p.shape} and k={k}")
+    values, classes = jax.lax.top_k(p, k)
+    return values, classes.astype(jnp.int32)
+
+
+def bank_probabilities(probs: ArrayLike, classes: ArrayLike, num_classes: int) -> jax.Array:
+    r"""The distributions ``[N, num_classes]`` a compact bank stands for: each row's kept
+    classes at their probabilities, and the rest of its mass spread evenly over the
+    classes it did not keep,
+
+    .. math:: \tilde p_{ic} = p_{ic} \;(c \in T_i), \qquad
+      \tilde p_{ic} = \frac{1 - \sum_{t \in T_i} p_{it}}{K - |T_i|} \;(c \notin T_i).
+
+    With every class kept (``k = num_classes``) the rows are the probabilities as stored.
+    The rest is clipped at 0 (rounding can make the kept mass exceed 1 by an ulp).
+
+    Args:
+      probs: ``[N, k]`` kept probabilities (:func:`top_classes`).
+      classes: int ``[N, k]`` their classes, distinct within a row.
+      num_classes: ``K``.
+    """
+    probs, classes = _float(probs), jnp.asarray(classes, jnp.int32)
+    if probs.ndim != 2 or probs.shape != classes.shape or probs.shape[1] > num_classes:
+        raise ValueError(
+            f"probs and classes must be [N, k] alike with k <= {num_classes}, got "
+            f"{probs.shape} and {classes.shape}"
+        )
+    n, k = probs.shape
+    rest = jnp.maximum(1.0 - probs.sum(1), 0.0) / max(num_classes - k, 1)
+    dense = jnp.broadcast_to(rest[:, None], (n, num_classes))
+    return dense.at[jnp.arange(n)[:, None], classes].set(probs)
 
 
 def clean_soft_label(

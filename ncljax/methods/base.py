@@ -35,9 +35,14 @@ epoch as its ``EpochPlan`` says.
    ``stats_fn(outputs, batch) -> dict of [B, ...]``; then the trainer first runs an
    eval-mode forward pass of every network over the training pairs (in shuffled
    batches of the training size) and hands the collected ``[N, ...]`` arrays (ordered
-   by index) to ``refresh_fn``. A degenerate estimate (a GMM over equal values, an OT
-   solve that did not converge) is logged there with ``logging.warning`` (the host
-   reads the flag) and, where the method has one, the previous estimate is kept.
+   by index) to ``refresh_fn``. A method whose ``stats_rows`` names memory rows gets
+   them too, as ``stats_fn(outputs, batch, rows)`` with the network's rows at the
+   batch's pairs (before the refresh): a statistic that compares the pass with what
+   the memory holds (PC2's oscillation against its prediction bank) is computed batch
+   by batch, and only its result is collected over the pairs. A degenerate estimate
+   (a GMM over equal values, an OT solve that did not converge) is logged there with
+   ``logging.warning`` (the host reads the flag) and, where the method has one, the
+   previous estimate is kept.
 4. ``plan_fn(epoch) -> EpochPlan`` describes the epoch: its static phase, whether to
    refresh first, whether the networks train together or in turn, how many sequential
    optimiser updates a step makes and on which stream, optimiser resets, the epoch the
@@ -376,6 +381,8 @@ class Method(NamedTuple):
         statistics pass).
       refresh_fn: per-epoch estimation, or ``None``.
       stats_fn: per-example statistics for ``refresh_fn``, or ``None``.
+      stats_rows: the memory rows ``stats_fn`` reads (``stats_fn(outputs, batch,
+        rows)``); empty: ``stats_fn(outputs, batch)``.
       plan_fn: ``epoch -> EpochPlan``.
       clean_score_fn: ``memory -> [N]`` the method's estimate that each pair is clean, for
         noise-detection diagnostics; ``None`` when the method has none.
@@ -413,6 +420,7 @@ class Method(NamedTuple):
     forward_fn: Callable[..., dict] = default_forward
     refresh_fn: Callable[..., tuple[Memory, dict]] | None = None
     stats_fn: Callable[..., dict] | None = None
+    stats_rows: tuple[str, ...] = ()
     plan_fn: Callable[[int], EpochPlan] = lambda epoch: EpochPlan()
     clean_score_fn: Callable[[Memory], Array] | None = None
     label_estimate_fn: Callable[[Memory], tuple[Array, Array]] | None = None

@@ -125,6 +125,12 @@ class Settings(coteaching.Settings):
         paper's Table 7 variant).
       bank_mode: ``'paper'`` (Eq. 7 over successive co-divide passes, the bank at global
         ids) or ``'code'`` (see the module docstring).
+      bank_classes: ``None`` (default: the bank keeps every class of each prediction,
+        ``4 K`` bytes per pair and network) or ``k``: it keeps each pair's ``k`` most
+        probable classes and the rest of its mass spread evenly over the others
+        (``ncljax.labels.pc2.top_classes``, ``bank_probabilities``; ``8 k`` bytes), the
+        oscillation compares the pass's full prediction with that (ncljax's, for folders
+        of millions of pairs: 128 classes cost 1 KB per pair for both networks).
       margin_indexing: ``'paper'`` (each hinge term uses its positive pair's margin) or
         ``'code'`` (the clean update by image, the pseudo-caption update by caption).
       noisy_margin_cutoff: Eq. 5's margin is 0 below this cosine (the code's 0.5), or
@@ -180,6 +186,7 @@ class Settings(coteaching.Settings):
     entropy_mode: str = "code_sample"
     noisy_weight: float = 1.0
     bank_mode: str = "paper"
+    bank_classes: int | None = None
     margin_indexing: str = "paper"
     noisy_margin_cutoff: float | None = 0.5
     detach_noisy_margin: bool = True
@@ -202,6 +209,7 @@ CHECKS = {
     "entropy_mode": settings.one_of(*ENTROPY_MODES),
     "noisy_weight": settings.NON_NEGATIVE,  # 0: the paper's Table 7 variant
     "bank_mode": settings.one_of(*BANK_MODES),
+    "bank_classes": settings.optional(settings.POSITIVE_INT, "every class"),
     "margin_indexing": settings.one_of("paper", "code"),
     "noisy_margin_cutoff": settings.optional(settings.UNIT_INTERVAL, "no cutoff"),
     "detach_noisy_margin": settings.BOOLEAN,
@@ -227,12 +235,18 @@ def reads_sequences(s: Settings, model_config) -> bool:
 
 def check_model(s: Settings, model_config) -> None:
     """Refuses a ``classifier_input`` the backbone cannot give (no check without a model
-    config).
+    config), and a bank that keeps more classes than there are.
 
     Raises:
-      ValueError: ``'embeddings'`` with the SGR/SAF heads, or sequences over global
-        feature vectors.
+      ValueError: ``'embeddings'`` with the SGR/SAF heads, sequences over global
+        feature vectors, or ``bank_classes > num_classes``.
     """
+    if s.bank_classes is not None and s.bank_classes > s.num_classes:
+        raise ValueError(
+            f"pc2 bank_classes={s.bank_classes} keeps more classes than the "
+            f"num_classes={s.num_classes} there are: set it at most {s.num_classes}, or None "
+            "to keep every class."
+        )
     if model_config is None:
         return
     sequences = reads_sequences(s, model_config)
@@ -286,7 +300,8 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     """The co-teaching division memory (``coteaching.init_samples``) and PC2's rows: the
     oscillation GMM's ``osc_prob`` (``w_o``) and ``osc_clean`` (its split), ``osc`` (the
     min-max normalised oscillation) and ``osc_raw``, the prediction ``bank`` (uniform) and
-    ``bank_valid``; with ``bank_mode='code'``, each pair's ``position`` inside its subset."""
+    ``bank_valid`` (:func:`bank_rows`); with ``bank_mode='code'``, each pair's ``position``
+    inside its subset."""
     n = ctx.num_samples
     zeros = jnp.zeros(n, jnp.float32)
     samples = coteaching.init_samples(n)
@@ -295,7 +310,7 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
         osc_clean=zeros,
         osc=zeros,
         osc_raw=zeros,
-        bank=jnp.full((n, s.num_classes), 1.0 / s.num_classes, jnp.float32),
+        **empty_bank(s, n),
         bank_valid=zeros,
     )
     if s.bank_mode == "code":
@@ -424,7 +439,7 @@ def warmup_loss(s: Settings, sim, mask, p, pse) -> tuple[jax.Array, base.Aux]:
         ranking = jnp.where(_smallest_half(ranking, mask), ranking, 0.0)
     aux = base.Aux(
         metrics={"loss_ranking": ranking, "loss_pseudo_cls": pse},
-        memory={"bank": p, "bank_valid": jnp.ones_like(ranking)},
+        memory={**bank_rows(s, p), "bank_valid": jnp.ones_like(ranking)},
     )
     return ranking + pse, aux
 
@@ -507,13 +522,13 @@ def pseudo_caption_loss(s: Settings, outputs, batch, ctx) -> tuple[jax.Array, ba
             ),
         },
         applied_weight=jax.lax.stop_gradient(margins),
-        memory_at=code_bank_writes(outputs, batch, ctx) if s.bank_mode == "code" else None,
+        memory_at=code_bank_writes(s, outputs, batch, ctx) if s.bank_mode == "code" else None,
         extra={"pseudo_caption_index": outputs["pseudo_index"]},
     )
     return s.noisy_weight * hinge, aux
 
 
-def code_bank_writes(outputs, noisy, ctx):
+def code_bank_writes(s: Settings, outputs, noisy, ctx):
     """The code's writes of update 2: the noisy then the clean predictions at the pairs'
     positions inside their subsets (the clean write wins where both land)."""
     n = ctx.num_samples
@@ -525,7 +540,7 @@ def code_bank_writes(outputs, noisy, ctx):
     index = jnp.concatenate([pos_noisy, pos_clean])
     bank = jnp.concatenate([outputs["p_noisy"], outputs["p_clean"]])
     rows = {
-        "bank": jax.lax.stop_gradient(bank),
+        **bank_rows(s, jax.lax.stop_gradient(bank)),
         "bank_valid": jnp.ones(index.shape, jnp.float32),
     }
     return index, rows
@@ -553,27 +568,72 @@ def _smallest_half(values: jax.Array, mask: jax.Array) -> jax.Array:
 # --- the refresh: the co-divide, the oscillation division and the bank ---------------------------
 
 
-def stats(s: Settings, outputs, batch) -> dict:
-    """The co-divide's per-pair statistics in eval mode (``coteaching.stats``: the
-    warm-up objective's loss, the partner p-value with ``noise_share='partner'``) and the
-    image predictions ``pred``."""
+def bank_rows(s: Settings, p) -> dict:
+    """The memory rows that keep predictions ``p`` ``[B, K]`` in the bank: ``bank`` itself,
+    or with ``bank_classes=k`` its ``k`` most probable classes (``bank``, ``[B, k]``) and
+    which they are (``bank_class``)."""
+    if s.bank_classes is None:
+        return {"bank": p}
+    probs, classes = pc2_labels.top_classes(p, s.bank_classes)
+    return {"bank": probs, "bank_class": classes}
+
+
+def empty_bank(s: Settings, n: int) -> dict:
+    """The bank rows of ``n`` pairs before any prediction: uniform (:func:`bank_rows` of
+    ``1 / K`` everywhere, without the ``[n, K]`` array where the bank keeps ``k``)."""
+    if s.bank_classes is None:
+        return {"bank": jnp.full((n, s.num_classes), 1.0 / s.num_classes, jnp.float32)}
+    k = s.bank_classes
+    return {
+        "bank": jnp.full((n, k), 1.0 / s.num_classes, jnp.float32),
+        "bank_class": jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (n, k)),
+    }
+
+
+def bank_predictions(s: Settings, rows) -> jax.Array:
+    """The predictions ``[B, K]`` the bank ``rows`` hold (:func:`bank_rows`)."""
+    if s.bank_classes is None:
+        return rows["bank"]
+    return pc2_labels.bank_probabilities(rows["bank"], rows["bank_class"], s.num_classes)
+
+
+def bank_names(s: Settings) -> tuple[str, ...]:
+    """The memory rows of the bank (:func:`bank_rows`) and ``bank_valid``."""
+    return ("bank", "bank_valid") + (() if s.bank_classes is None else ("bank_class",))
+
+
+def stats(s: Settings, outputs, batch, rows) -> dict:
+    """The co-divide's per-pair statistics in eval mode, batch by batch: the warm-up
+    objective's loss and, with ``noise_share='partner'``, the partner p-value
+    (``coteaching.stats``); the oscillation ``osc_raw`` of the image predictions ``p``
+    against the bank ``rows`` (Eq. 7; 0 where the bank has no entry); ``p``'s class
+    ``pred_class`` and probability ``pred_max``; and ``p`` as bank rows (:func:`bank_rows`),
+    which the refresh stores with ``bank_mode='paper'``. Nothing ``[N, K]`` is collected."""
+    pred = jax.nn.softmax(outputs["image_logits"], axis=-1)
+    osc = pc2_labels.prediction_oscillation(
+        bank_predictions(s, rows), pred, direction=s.bank_mode, valid=rows["bank_valid"] > 0.5
+    )
     return {
         **coteaching.stats(s, outputs["sim"], batch["mask"]),
-        "pred": jax.nn.softmax(outputs["image_logits"], axis=-1),
+        "osc_raw": osc,
+        "pred_class": pred.argmax(-1).astype(jnp.int32),
+        "pred_max": pred.max(-1),
+        **bank_rows(s, pred),
     }
 
 
 def refresh(s: Settings, memory, stats, ctx):
-    """The co-divide (``coteaching.co_divide``), the oscillation division of the image
-    predictions against the bank, the bank's update, and their diagnostics."""
+    """The co-divide (``coteaching.co_divide``), the oscillation division (the statistics
+    pass measured each pair's oscillation against the bank), the bank's update, and their
+    diagnostics."""
     samples, division, checked, fallback, extra = coteaching.co_divide(
         s, "pc2", memory.samples, stats, ctx
     )
-    pred = jnp.asarray(stats["pred"], jnp.float32)
     valid = memory.samples["bank_valid"] > 0.5
-    samples, osc, osc_division, osc_fallback = oscillation_divide(s, samples, pred, valid, ctx)
-    samples = update_bank(s, samples, pred, osc)
-    used = classes_used(s, pred, ctx)
+    osc = jnp.asarray(stats["osc_raw"], jnp.float32)
+    samples, osc_division, osc_fallback = oscillation_divide(s, samples, osc, valid, ctx)
+    samples = update_bank(s, samples, stats)
+    used = classes_used(s, stats, ctx)
     diagnostics = coteaching.division_diagnostics(division, checked, fallback, samples)
     diagnostics.update(extra)
     osc_gmm = osc_division.gmm
@@ -585,23 +645,19 @@ def refresh(s: Settings, memory, stats, ctx):
         osc_gmm_degenerate=osc_gmm.degenerate,
         osc_clean_fraction=samples["osc_clean"].mean(),
         osc_mean=osc.mean(),
-        prediction_max_mean=pred.max(-1).mean(),
+        prediction_max_mean=jnp.asarray(stats["pred_max"]).mean(),
         prediction_classes_used=used.sum(),
     )
     return base.Memory(samples=samples, state=memory.state), diagnostics
 
 
-def oscillation_divide(s: Settings, samples: dict, pred, valid, ctx):
-    """The oscillation ``o`` of ``pred`` against the bank (Eq. 7; 0 where ``valid`` is
-    not) and its GMM division (``coteaching.divide``), or ``w_o = 0`` with a warning where
-    that division is degenerate.
+def oscillation_divide(s: Settings, samples: dict, osc, valid, ctx):
+    """The GMM division (``coteaching.divide``) of the oscillations ``osc`` (Eq. 7, 0 where
+    ``valid`` is not), or ``w_o = 0`` with a warning where that division is degenerate.
 
     Returns:
-      ``(samples, osc, division, fallback)``.
+      ``(samples, division, fallback)``.
     """
-    osc = pc2_labels.prediction_oscillation(
-        samples["bank"], pred, direction=s.bank_mode, valid=valid
-    )
     division = coteaching.divide(s, osc)
     samples = dict(samples, osc=division.normalised.astype(jnp.float32), osc_raw=osc)
     fallback = bool(coteaching.check(s, division).degenerate)
@@ -627,23 +683,25 @@ def oscillation_divide(s: Settings, samples: dict, pred, valid, ctx):
             osc_prob=division.prob.astype(jnp.float32),
             osc_clean=division.clean.astype(jnp.float32),
         )
-    return samples, osc, division, fallback
+    return samples, division, fallback
 
 
-def update_bank(s: Settings, samples: dict, pred, osc) -> dict:
-    """``bank_mode='paper'``: the bank becomes this pass's predictions; ``'code'``: the
-    bank stays, and each pair's ``position`` inside its (new) clean or noisy subset."""
+def update_bank(s: Settings, samples: dict, stats) -> dict:
+    """``bank_mode='paper'``: the bank becomes this pass's predictions (its bank rows in
+    ``stats``); ``'code'``: the bank stays, and each pair's ``position`` inside its (new)
+    clean or noisy subset."""
     if s.bank_mode == "paper":
-        return dict(samples, bank=pred, bank_valid=jnp.ones_like(osc))
+        new = {name: stats[name] for name in bank_names(s) if name != "bank_valid"}
+        return dict(samples, **new, bank_valid=jnp.ones_like(samples["bank_valid"]))
     clean = samples["clean"] > 0.5
     position = jnp.where(clean, jnp.cumsum(clean) - 1, jnp.cumsum(~clean) - 1)
     return dict(samples, position=position.astype(jnp.int32))
 
 
-def classes_used(s: Settings, pred, ctx) -> jax.Array:
-    """``[K]`` whether each class is some pair's argmax; logs a warning where one class
-    takes every pair (a collapsed pseudo-classifier)."""
-    used = jnp.bincount(pred.argmax(-1), length=s.num_classes) > 0
+def classes_used(s: Settings, stats, ctx) -> jax.Array:
+    """``[K]`` whether each class is some pair's argmax (``stats['pred_class']``); logs a
+    warning where one class takes every pair (a collapsed pseudo-classifier)."""
+    used = jnp.bincount(jnp.asarray(stats["pred_class"]), length=s.num_classes) > 0
     if int(used.sum()) == 1:
         logging.warning(
             "pc2: network %d's pseudo-classifier predicts one class for every pair at "
@@ -652,7 +710,7 @@ def classes_used(s: Settings, pred, ctx) -> jax.Array:
             "'marginal' (see ncljax/methods/pc2.py).",
             ctx.network,
             ctx.epoch,
-            float(pred.max(-1).mean()),
+            float(jnp.asarray(stats["pred_max"]).mean()),
         )
     return used
 
@@ -693,6 +751,7 @@ def bind(s: Settings, model_config=None) -> base.Method:
         verdict=coteaching.verdict(s),
         diagnostic_scores_fn=diagnostic_scores,
         step_metrics_fn=step_metrics,
+        stats_rows=bank_names(s),
         num_networks=2,
         loss_reduction=s.loss_reduction,
     )

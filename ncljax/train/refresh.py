@@ -38,11 +38,14 @@ class Refresher:
         self._num_epochs = num_epochs
         if method.stats_fn is not None:
 
-            def stats(model, batch, memory_state):
+            def stats(model, batch, memory_state, samples):
                 outputs = method.forward_fn(
                     model, batch, memory_state, train=False, rngs=None, phase=base.STATS
                 )
-                return method.stats_fn(outputs, batch)
+                if not method.stats_rows:
+                    return method.stats_fn(outputs, batch)
+                rows = step_lib.gather_rows(samples, batch["index"])  # padding: clipped
+                return method.stats_fn(outputs, batch, rows)
 
             self._stats = jax.jit(
                 step_lib.make_forward(graphdef, stats),
@@ -56,6 +59,7 @@ class Refresher:
         cfg, n = self._config, self._pairs.num_records
         seed = int(np.random.SeedSequence([cfg.seed, 2, epoch]).generate_state(1)[0])
         buffers = None
+        read = {name: state.memory.samples[name] for name in self._method.stats_rows}
         dataset = pipeline.batches(
             self._pairs.record_fn,
             n,
@@ -67,7 +71,7 @@ class Refresher:
             for batch in batches:
                 device_batch = pipeline.to_device(batch, mesh_lib.batch_sharding(self._mesh))
                 values = self._stats(
-                    state.params, state.model_state, device_batch, state.memory.state
+                    state.params, state.model_state, device_batch, state.memory.state, read
                 )
                 if buffers is None:
                     buffers = jax.tree.map(

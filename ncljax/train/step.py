@@ -69,7 +69,7 @@ def _finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def _gather_rows(samples: dict, index: jax.Array, network=None) -> dict:
+def gather_rows(samples: dict, index: jax.Array, network=None) -> dict:
     """Rows ``[B, ...]`` at ``index`` of ``[N, ...]`` memory, or of network ``network`` of
     stacked ``[K, N, ...]`` memory; padding indices (``N``) are clipped."""
     at = index if network is None else (network, index)
@@ -252,7 +252,7 @@ class _Step:
         params, model_state, opt_state, memory_state = net
         peer_params, peer_model_state, stacked, peer_k = peer
         samples, own_k = own
-        peer_rows = tuple(_gather_rows(stacked, b["index"], peer_k) for b in batches)
+        peer_rows = tuple(gather_rows(stacked, b["index"], peer_k) for b in batches)
         ctx = ctx._replace(
             network=network,
             batches=batches,
@@ -296,7 +296,7 @@ class _Step:
         (loss, (per_example, aux, new_model_state)), grads = grad_fn(
             params,
             model_state,
-            _gather_rows(samples, index, own_k),
+            gather_rows(samples, index, own_k),
             peer_rows,
             memory_state,
             key,

@@ -82,7 +82,10 @@ def test_ncr_inseparable_division_falls_back(caplog):
 def test_pc2_inseparable_division_falls_back(caplog):
     method = test_pc2._method()
     pred = test_pc2._stats(3)["pred"]
-    _sequence(method, lambda loss: {"loss": loss, "pred": pred}, caplog)
+    empty = method.init_memory(base.InitContext(N, None, None, None)).samples
+    _sequence(
+        method, lambda loss: test_pc2._pass(method, {"loss": loss, "pred": pred}, empty), caplog
+    )
 
 
 @pytest.mark.parametrize("name", ["ncr", "pc2"])
@@ -90,6 +93,8 @@ def test_every_pair_in_one_set_falls_back(name, one_set, caplog):
     method = methods.build_method("ncr") if name == "ncr" else test_pc2._method()
     memory = method.init_memory(base.InitContext(N, None, None, None))
     stats = {"loss": _bimodal(), "pred": test_pc2._stats(3)["pred"]}
+    if name == "pc2":
+        stats = test_pc2._pass(method, stats, memory.samples)
     with caplog.at_level(logging.WARNING):
         new, diag = method.refresh_fn(memory, stats, _ctx(2, network=0))
     assert "network 0's co-divide of epoch 2 puts every pair on one side" in caplog.text

@@ -330,6 +330,16 @@ def _stats(seed, n=400):
     return {"loss": jnp.asarray(loss, jnp.float32), "pred": jnp.asarray(pred, jnp.float32)}
 
 
+def _pass(method, raw, samples):
+    """The statistics pass over ``raw['pred']`` (as one batch of every pair) against the
+    bank in ``samples``, with the co-divide loss ``raw['loss']``."""
+    n = raw["pred"].shape[0]
+    outputs = {"sim": jnp.zeros((n, n)), "image_logits": jnp.log(raw["pred"])}
+    batch = {"mask": jnp.ones(n, bool), "index": jnp.arange(n)}
+    rows = {name: samples[name] for name in method.stats_rows}
+    return {**method.stats_fn(outputs, batch, rows), "loss": raw["loss"]}
+
+
 def _kl(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return (a * (np.log(np.maximum(a, 1e-8)) - np.log(np.maximum(b, 1e-8)))).sum(1)
@@ -352,7 +362,8 @@ def test_refresh_divides_by_loss_and_by_oscillation_against_the_bank(mode):
     valid = np.ones(n, np.float32)
     valid[-5:] = 0  # not visited in the warm-up (e.g. a last batch of one)
     samples = dict(memory.samples, bank=jnp.asarray(bank), bank_valid=jnp.asarray(valid))
-    new, diagnostics = method.refresh_fn(base.Memory(samples, memory.state), stats, _ctx_refresh())
+    memory = base.Memory(samples, memory.state)
+    new, diagnostics = method.refresh_fn(memory, _pass(method, stats, samples), _ctx_refresh())
     s = new.samples
     np.testing.assert_array_equal(np.asarray(s["clean"]) > 0.5, np.arange(n) < 300)
     # Eq. 7 (paper: KL(bank || p)) or the code's reversed KL(p || bank); 0 off the bank.
@@ -364,7 +375,7 @@ def test_refresh_divides_by_loss_and_by_oscillation_against_the_bank(mode):
     np.testing.assert_array_equal(s["osc_clean"], division.clean.astype(np.float32))
     assert np.asarray(s["osc_clean"])[:250].all()  # stable predictions are the clean mode
     if mode == "paper":  # the bank becomes this pass's predictions, at every global id
-        np.testing.assert_array_equal(s["bank"], stats["pred"])
+        np.testing.assert_allclose(s["bank"], stats["pred"], rtol=1e-5)
         np.testing.assert_array_equal(s["bank_valid"], np.ones(n))
         assert "position" not in s
     else:  # the code's bank is left alone; positions inside this network's subsets
@@ -378,6 +389,56 @@ def test_refresh_divides_by_loss_and_by_oscillation_against_the_bank(mode):
     assert 0 < float(diagnostics["prediction_classes_used"]) <= K
 
 
+@pytest.mark.parametrize("mode", ["paper", "code"])
+def test_a_bank_of_the_most_probable_classes_spreads_the_rest_evenly(mode):
+    """``bank_classes=k``: the bank keeps each pair's ``k`` most probable classes; the
+    oscillation reads the others at an even share of the rest of the mass."""
+    n, k = 300, 3
+    method = _method(bank_mode=mode, bank_classes=k)
+    memory = method.init_memory(base.InitContext(n, None, None, None))
+    assert memory.samples["bank"].shape == (n, k) and memory.samples["bank_class"].shape == (n, k)
+    np.testing.assert_allclose(  # an empty bank is uniform, as the full one
+        labels.bank_probabilities(memory.samples["bank"], memory.samples["bank_class"], K),
+        np.full((n, K), 1.0 / K),
+        rtol=1e-6,
+    )
+    rng = np.random.default_rng(3)
+    before, stats = _softmax(rng.normal(size=(n, K)) * 2), _stats(4, n)
+    order = np.argsort(-before, axis=1, kind="stable")[:, :k]
+    kept = np.take_along_axis(before, order, 1)
+    samples = dict(
+        memory.samples,
+        bank=jnp.asarray(kept, jnp.float32),
+        bank_class=jnp.asarray(order, jnp.int32),
+        bank_valid=jnp.ones(n),
+    )
+    dense = np.empty((n, K))  # the oracle: a loop over the pairs
+    for i in range(n):
+        dense[i] = (1 - kept[i].sum()) / (K - k)
+        dense[i, order[i]] = kept[i]
+    new, _ = method.refresh_fn(
+        base.Memory(samples, memory.state), _pass(method, stats, samples), _ctx_refresh()
+    )
+    a, b = (dense, stats["pred"]) if mode == "paper" else (stats["pred"], dense)
+    np.testing.assert_allclose(new.samples["osc_raw"], _kl(a, b), rtol=1e-4, atol=1e-6)
+    if mode == "paper":  # the bank becomes the pass's k most probable classes
+        pred = np.asarray(stats["pred"])
+        top = np.argsort(-pred, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(new.samples["bank_class"], top)
+        np.testing.assert_allclose(new.samples["bank"], np.take_along_axis(pred, top, 1), rtol=1e-5)
+
+
+def test_a_bank_of_more_classes_than_there_are_is_refused():
+    with pytest.raises(ValueError, match="bank_classes=9 keeps more classes than the num_"):
+        _method(bank_classes=9)
+
+
+def test_a_bank_of_every_class_is_the_full_bank():
+    p = _softmax(np.random.default_rng(0).normal(size=(50, K)))
+    probs, classes = labels.top_classes(p, K)
+    np.testing.assert_allclose(labels.bank_probabilities(probs, classes, K), p, rtol=1e-6)
+
+
 def test_a_collapsed_pseudo_classifier_is_logged(caplog):
     method = _method()
     stats = _stats(9)
@@ -386,7 +447,9 @@ def test_a_collapsed_pseudo_classifier_is_logged(caplog):
     stats["pred"] = jnp.asarray(_softmax(logits), jnp.float32)
     memory = method.init_memory(base.InitContext(400, None, None, None))
     with caplog.at_level(logging.WARNING):
-        _, diagnostics = method.refresh_fn(memory, stats, _ctx_refresh(4, 1))
+        _, diagnostics = method.refresh_fn(
+            memory, _pass(method, stats, memory.samples), _ctx_refresh(4, 1)
+        )
     assert "network 1's pseudo-classifier predicts one class for every pair" in caplog.text
     assert int(diagnostics["prediction_classes_used"]) == 1
 
@@ -396,7 +459,9 @@ def test_no_oscillation_spread_turns_the_rectification_off_with_a_warning(caplog
     n = 400
     memory = method.init_memory(base.InitContext(n, None, None, None))  # an empty bank
     with caplog.at_level(logging.WARNING):
-        new, diagnostics = method.refresh_fn(memory, _stats(7), _ctx_refresh(5, 0))
+        new, diagnostics = method.refresh_fn(
+            memory, _pass(method, _stats(7), memory.samples), _ctx_refresh(5, 0)
+        )
     assert "network 0's prediction oscillations of epoch 5 are all equal" in caplog.text
     assert "0 of 400 pairs" in caplog.text
     assert not np.any(new.samples["osc_prob"]) and not np.any(new.samples["osc_clean"])
@@ -405,7 +470,7 @@ def test_no_oscillation_spread_turns_the_rectification_off_with_a_warning(caplog
     previous = new.samples["clean"]
     stats = dict(_stats(8), loss=jnp.full(n, 0.3))
     with caplog.at_level(logging.WARNING):
-        newer, _ = method.refresh_fn(new, stats, _ctx_refresh(6, 0))
+        newer, _ = method.refresh_fn(new, _pass(method, stats, new.samples), _ctx_refresh(6, 0))
     assert "per-pair losses of epoch 6 are all equal" in caplog.text
     np.testing.assert_array_equal(newer.samples["clean"], previous)
 

@@ -222,10 +222,11 @@ def test_code_bank_keeps_positions_inside_each_subset():
     s = pc2.Settings(bank_mode="code")
     samples = {"clean": jnp.array([1, 0, 0, 1, 1, 0], jnp.float32), "bank": jnp.zeros((6, 2))}
     pred = jnp.ones((6, 2))
-    new = pc2.update_bank(s, samples, pred, jnp.zeros(6))
+    samples["bank_valid"] = jnp.zeros(6)
+    new = pc2.update_bank(s, samples, {"bank": pred})
     np.testing.assert_array_equal(new["position"], [0, 0, 1, 1, 2, 2])
     np.testing.assert_array_equal(new["bank"], samples["bank"])  # the code's bank stays
-    paper = pc2.update_bank(pc2.Settings(), samples, pred, jnp.zeros(6))
+    paper = pc2.update_bank(pc2.Settings(), samples, {"bank": pred})
     np.testing.assert_array_equal(paper["bank"], pred)
     np.testing.assert_array_equal(paper["bank_valid"], np.ones(6))
 
@@ -239,15 +240,23 @@ def test_oscillation_division_and_its_fallback(caplog):
     ctx = base.RefreshContext(3, 10, 1, None, None)
     rng = np.random.default_rng(4)
     pred = jnp.asarray(_softmax(rng.normal(size=(n, 8)) * 2), jnp.float32)
+    outputs = {"sim": jnp.zeros((n, n)), "image_logits": jnp.log(pred)}
+    batch = {"mask": jnp.ones(n, bool), "index": jnp.arange(n)}
+
+    def oscillation(samples):  # the statistics pass, as one batch of every pair
+        return pc2.stats(s, outputs, batch, samples)["osc_raw"]
+
     valid = memory.samples["bank_valid"] > 0.5  # an empty bank: no oscillation anywhere
+    osc = oscillation(memory.samples)
     with caplog.at_level(logging.WARNING):
-        samples, osc, _, fallback = pc2.oscillation_divide(s, memory.samples, pred, valid, ctx)
+        samples, _, fallback = pc2.oscillation_divide(s, memory.samples, osc, valid, ctx)
     assert fallback and "oscillations of epoch 3 are all equal" in caplog.text
     assert not np.any(osc) and not np.any(samples["osc_prob"])
     bank = np.asarray(pred).copy()
     bank[300:] = _softmax(rng.normal(size=(n - 300, 8)) * 2)  # the last 100 moved
-    samples = dict(memory.samples, bank=jnp.asarray(bank, jnp.float32))
-    samples, osc, _, fallback = pc2.oscillation_divide(s, samples, pred, jnp.ones(n, bool), ctx)
+    samples = dict(memory.samples, bank=jnp.asarray(bank, jnp.float32), bank_valid=jnp.ones(n))
+    osc = oscillation(samples)
+    samples, _, fallback = pc2.oscillation_divide(s, samples, osc, jnp.ones(n, bool), ctx)
     p_now = np.asarray(pred, np.float64)
     kl = (bank * (np.log(bank) - np.log(p_now))).sum(1)  # Eq. 7: KL(bank || p)
     np.testing.assert_allclose(osc, kl, rtol=1e-4, atol=1e-6)

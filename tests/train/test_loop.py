@@ -328,11 +328,15 @@ def _refreshing_method(*, num_networks=2):
             state={"fetched": jnp.full(3, -1, jnp.int32)},
         )
 
-    def stats_fn(outputs, batch):
-        return {"index": batch["index"], "pair_sim": jnp.diagonal(outputs["sim"])}
+    def stats_fn(outputs, batch, rows):  # rows: the memory's stats_rows at the batch's pairs
+        return {
+            "index": batch["index"],
+            "pair_sim": jnp.diagonal(outputs["sim"]),
+            "remembered": rows["pair_sim"],
+        }
 
     def refresh_fn(memory, stats, ctx):
-        n = memory.samples["pair_sim"].shape[0]
+        n, before = memory.samples["pair_sim"].shape[0], memory.samples["pair_sim"]
         wanted = np.array([0, 5, ctx.epoch])
         fetched = ctx.fetch(wanted)
         memory = base.Memory(
@@ -342,6 +346,7 @@ def _refreshing_method(*, num_networks=2):
         diagnostics = {
             "order_ok": float(np.array_equal(np.asarray(stats["index"]), np.arange(n))),
             "fetch_ok": float(np.array_equal(np.asarray(fetched["index"]), wanted)),
+            "rows_ok": float(np.array_equal(stats["remembered"], before)),
             "network": float(ctx.network),
             "mean_pair_sim": float(stats["pair_sim"].mean()),
         }
@@ -357,6 +362,7 @@ def _refreshing_method(*, num_networks=2):
         init_memory=init_memory,
         loss_fn=loss_fn,
         stats_fn=stats_fn,
+        stats_rows=("pair_sim",),
         refresh_fn=refresh_fn,
         plan_fn=lambda epoch: base.EpochPlan(phase=int(epoch > 0), refresh=epoch > 0),
     )
@@ -394,6 +400,7 @@ def test_refresh_runs_stats_pass_per_network_with_phases(refreshing_run):
     for r in refresh:
         assert r["order_ok_net0"] == r["order_ok_net1"] == 1.0
         assert r["fetch_ok_net0"] == r["fetch_ok_net1"] == 1.0
+        assert r["rows_ok_net0"] == r["rows_ok_net1"] == 1.0  # the memory before the refresh
         assert (r["network_net0"], r["network_net1"]) == (0.0, 1.0)
         assert r["mean_pair_sim_net0"] != r["mean_pair_sim_net1"]  # each network's own pass
     train = [r for r in rows if r["split"] == "train"]
