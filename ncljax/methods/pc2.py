@@ -607,8 +607,9 @@ def stats(s: Settings, outputs, batch, rows) -> dict:
     objective's loss and, with ``noise_share='partner'``, the partner p-value
     (``coteaching.stats``); the oscillation ``osc_raw`` of the image predictions ``p``
     against the bank ``rows`` (Eq. 7; 0 where the bank has no entry); ``p``'s class
-    ``pred_class`` and probability ``pred_max``; and ``p`` as bank rows (:func:`bank_rows`),
-    which the refresh stores with ``bank_mode='paper'``. Nothing ``[N, K]`` is collected."""
+    ``pred_class`` and probability ``pred_max``; and with ``bank_mode='paper'`` ``p`` as
+    bank rows (:func:`bank_rows`), which the refresh stores. Nothing ``[N, K]`` is
+    collected beyond that new bank (``[N, k]`` with ``bank_classes=k``)."""
     pred = jax.nn.softmax(outputs["image_logits"], axis=-1)
     osc = pc2_labels.prediction_oscillation(
         bank_predictions(s, rows), pred, direction=s.bank_mode, valid=rows["bank_valid"] > 0.5
@@ -618,7 +619,7 @@ def stats(s: Settings, outputs, batch, rows) -> dict:
         "osc_raw": osc,
         "pred_class": pred.argmax(-1).astype(jnp.int32),
         "pred_max": pred.max(-1),
-        **bank_rows(s, pred),
+        **(bank_rows(s, pred) if s.bank_mode == "paper" else {}),
     }
 
 

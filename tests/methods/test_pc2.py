@@ -808,6 +808,25 @@ def test_pc2_trains_on_every_backbone_and_logs_its_diagnostics(tmp_path, backbon
         assert f"{name}_mean_clean" in val and f"{name}_mean_noisy" in val
 
 
+def test_a_run_with_a_bank_of_the_most_probable_classes(tmp_path):
+    """``bank_classes``: the warm-up steps write each pair's 3 most probable classes (int32
+    rows through the step's scatter), the first co-divide reads them in the statistics
+    pass, and the refresh stores the pass's own."""
+    config = tiny(pc2_config(), epochs=2)
+    kwargs = config.method_kwargs
+    kwargs.warmup_epochs, kwargs.pseudo_start_epoch, kwargs.num_classes = 1, 0, K
+    kwargs.bank_classes = 3
+    config.model.image_input = config.model.text_input = "global"
+    config.train.num_devices = 1
+    reset_unread(config)
+    results = train_and_evaluate(config, str(tmp_path))
+    assert np.isfinite(results["rsum"])
+    (refresh,) = [r for r in read_metrics(tmp_path) if r["split"] == "refresh"]
+    for k in (0, 1):  # the warm-up's predictions moved: an oscillation against a written bank
+        assert refresh[f"osc_mean_net{k}"] > 0
+        assert 1 <= refresh[f"prediction_classes_used_net{k}"] <= K
+
+
 def _synthetic(name, rate, **kwargs):
     config = load_config(name, "synthetic")
     config.noise.rate = rate
