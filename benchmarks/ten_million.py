@@ -13,7 +13,9 @@ as ``<folder>_mismatched.npy``), val and test of
 ``--eval_images`` clean pairs. Writing streams in chunks: memory stays bounded.
 
 Then runs, each in its own process under ``/usr/bin/time`` (wall time and peak resident
-memory), the user's path with a small model (``--hidden``, ``--embed_dim``) at ``--batch``:
+memory, the mapped folder's pages included; and the peak of the process's own anonymous
+memory, sampled from ``/proc``), the user's path with a small model (``--hidden``,
+``--embed_dim``) at ``--batch``:
 
 * ``train``: ``python -m ncljax.train --config=<method>:vectors`` for ``--epochs`` epochs
   (2: GSC refreshes its labels from the epoch's buffers before every epoch but the first,
@@ -103,18 +105,47 @@ def write(folder: str, args) -> float:
     return time.perf_counter() - tic
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _rss_anon_kib(pid: int) -> int:
+    """The process's resident anonymous memory (its own, not the mapped folder's pages)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def timed(command: list[str], log: str) -> dict:
-    """Runs ``command`` under ``/usr/bin/time -v``: wall seconds and peak resident MiB."""
+    """Runs ``command`` under ``/usr/bin/time -v``: wall seconds, peak resident MiB (with
+    the mapped folder's pages) and peak anonymous MiB (the process's own memory, sampled
+    every 0.2 s from ``/proc``)."""
+    peak_anon = 0
     with open(log, "w") as f:
-        subprocess.run(
-            ["/usr/bin/time", "-v", *command], stdout=f, stderr=subprocess.STDOUT, check=True
+        proc = subprocess.Popen(
+            ["/usr/bin/time", "-v", *command], stdout=f, stderr=subprocess.STDOUT
         )
+        while proc.poll() is None:
+            for child in _children(proc.pid):
+                peak_anon = max(peak_anon, _rss_anon_kib(child))
+            time.sleep(0.2)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, command)
     with open(log) as f:
         text = f.read()
     peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text).group(1)
     seconds = sum(float(p) * 60**i for i, p in enumerate(reversed(wall.split(":"))))
-    return {"seconds": seconds, "peak_mib": peak / 1024}
+    return {"seconds": seconds, "peak_mib": peak / 1024, "peak_anon_mib": peak_anon / 1024}
 
 
 def main() -> None:
