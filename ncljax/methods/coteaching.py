@@ -327,6 +327,19 @@ def warn_division_fallback(name: str, ctx, checked, divided) -> None:
     logging.warning(f"%s: network %d's {what}; fallback: %s.", name, ctx.network, ctx.epoch, rule)
 
 
+def clean_score(memory: base.Memory) -> jax.Array:
+    """The GMM's clean probability ``prob`` of each pair (the division the peer trains on);
+    where every pair's is 1 after a division (``noise_share='partner'`` switched it off,
+    or the mixture put every pair at 1) the co-divide loss ranks them instead, ``1 -
+    loss`` (the min-max normalised loss the mixture was fitted to, measured at every
+    co-divide whether or not the division is used): the method's own belief stays
+    readable. Before any division every score is 1."""
+    s = memory.samples
+    prob = s["prob"]
+    undivided = jnp.all(prob == prob.max()) & jnp.all(s["divided"] > 0.5)
+    return jnp.where(undivided, 1.0 - s["loss"], prob)
+
+
 def verdict(s: Settings) -> base.Verdict:
     """The audit's reading of a co-divide method's score: the GMM posterior, cut at the
     split the method selects its clean pairs with (``threshold``)."""

@@ -213,11 +213,6 @@ def refresh(s: Settings, memory, stats, ctx):
     return base.Memory(samples=samples, state=memory.state), diagnostics
 
 
-def clean_score(memory: base.Memory) -> jax.Array:
-    """The GMM's clean probability of each pair (the division the peer trains on)."""
-    return memory.samples["prob"]
-
-
 def diagnostic_scores(memory: base.Memory) -> dict:
     """Per-pair scores for the logs: the GMM's clean probability ``prob`` (the division
     the peer trains on), ``1 - loss``, the min-max normalised co-divide loss, and
@@ -233,7 +228,7 @@ def bind(s: Settings) -> base.Method:
     return base.bind_module(
         sys.modules[__name__],
         s,
-        clean_score_fn=clean_score,
+        clean_score_fn=coteaching.clean_score,
         verdict=coteaching.verdict(s),
         diagnostic_scores_fn=diagnostic_scores,
         num_networks=s.num_networks,

@@ -716,11 +716,6 @@ def classes_used(s: Settings, stats, ctx) -> jax.Array:
     return used
 
 
-def clean_score(memory: base.Memory) -> jax.Array:
-    """The loss GMM's clean probability of each pair (the division the peer trains on)."""
-    return memory.samples["prob"]
-
-
 def diagnostic_scores(memory: base.Memory) -> dict:
     """Per-pair scores for the logs (higher means cleaner), each scored against the true mask
     and histogrammed for clean and noisy pairs: the loss GMM's ``prob`` and the oscillation
@@ -748,7 +743,7 @@ def bind(s: Settings, model_config=None) -> base.Method:
         s,
         forward_fn=p(forward, s, sequences=reads_sequences(s, model_config)),
         heads_fn=p(heads, s, model_config),
-        clean_score_fn=clean_score,
+        clean_score_fn=coteaching.clean_score,
         verdict=coteaching.verdict(s),
         diagnostic_scores_fn=diagnostic_scores,
         step_metrics_fn=step_metrics,

@@ -194,12 +194,19 @@ def test_co_divide_divides_nothing_where_the_p_values_bound_the_noise_near_0(set
     for name in ("prob", "clean", "divided"):
         np.testing.assert_array_equal(off[name], 1.0)
     np.testing.assert_allclose(off["loss_raw"], values, rtol=1e-6)
+    # the audit's score still ranks the pairs: by the co-divide loss the mixture was fit to
+    score = coteaching.clean_score(base.Memory(off, {}))
+    lo, hi = values.min(), values.max()
+    np.testing.assert_allclose(score, 1 - (values - lo) / (hi - lo), atol=1e-5)
     uniform = {"loss": values, "partner_p": np.linspace(0.0025, 1.0, 400, dtype=np.float32)}
     on, _, _, _, extra = coteaching.co_divide(s, "m", samples, uniform, ctx)
     paper, *_ = coteaching.co_divide(settings_type(), "m", samples, {"loss": values}, ctx)
     assert float(extra["division_off"]) == 0.0
     np.testing.assert_array_equal(on["clean"], paper["clean"])
     np.testing.assert_array_equal(on["prob"], paper["prob"])
+    np.testing.assert_array_equal(coteaching.clean_score(base.Memory(on, {})), on["prob"])
+    fresh = base.Memory(coteaching.init_samples(400), {})  # before any division: all 1
+    np.testing.assert_array_equal(coteaching.clean_score(fresh), 1.0)
     with caplog.at_level(logging.WARNING):
         equal = dict(small, loss=np.full(400, 0.3))
         _, _, _, fallback, _ = coteaching.co_divide(s, "m", samples, equal, ctx)
