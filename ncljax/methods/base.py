@@ -238,6 +238,10 @@ class RefreshContext(NamedTuple):
       rng: a key for this refresh.
       fetch: ``fetch(indices) -> batch`` returns training pairs by index as a device
         batch (e.g. to keep the raw features of a confident set in memory).
+      held_out: ``held_out() -> float or None``, the validation split's estimated share
+        of pairs whose image ranks no better than a random one's under the current model
+        (``ncljax.train.evaluator.held_out_share``; computed when first called), or
+        ``None`` where the trainer gives none.
     """
 
     epoch: int
@@ -245,6 +249,7 @@ class RefreshContext(NamedTuple):
     network: int
     rng: Array
     fetch: Callable[[Any], dict[str, Array]]
+    held_out: Callable[[], float | None] | None = None
 
 
 class EpochPlan(NamedTuple):

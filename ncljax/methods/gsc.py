@@ -375,7 +375,10 @@ def refresh(s: Settings, memory, stats, ctx, *, update_fn: Callable | None = Non
         min_weight=s.division_min_weight,
         min_separation=s.division_min_separation,
     )
-    off = share is not None and bool(share_lib.no_noise(share, s.noise_floor))
+    off, held = False, None
+    if share is not None:
+        held_out = None if ctx is None else ctx.held_out
+        off, held = share_lib.switch_off(share, s.noise_floor, held_out)
     fallback = bool(check.degenerate) and not off
     if fallback:
         what, how = _degeneracy(mixture, check)
@@ -393,7 +396,7 @@ def refresh(s: Settings, memory, stats, ctx, *, update_fn: Callable | None = Non
     samples = dict(samples, **new._asdict())
     diagnostics = _refresh_diagnostics(mixture, check, fallback, new.labels)
     if share is not None:
-        diagnostics.update(share_lib.diagnostics(share, off))
+        diagnostics.update(share_lib.diagnostics(share, off, held))
     return base.Memory(samples=samples, state=memory.state), diagnostics
 
 

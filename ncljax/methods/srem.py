@@ -568,9 +568,9 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
     if s.noise_share == "partner":
         last = np.asarray(samples["energy_epoch"]) == ctx.epoch - 1
         share = share_lib.noise_share(samples["partner_p"], where=last)
-        off = share_lib.no_noise(share, s.noise_floor)
+        off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
         state["division_off"] = jnp.asarray(off, jnp.float32)
-        diagnostics |= {k: float(v) for k, v in share_lib.diagnostics(share, off).items()}
+        diagnostics |= {k: float(v) for k, v in share_lib.diagnostics(share, off, held).items()}
     return base.Memory(samples=samples, state=state), diagnostics
 
 

@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 
 from ncljax import backend, evaluate, models
 from ncljax.data import pipeline, sources
+from ncljax.labels import share as labels_share
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import step as step_lib
 from ncljax.train.state import TrainState
@@ -418,7 +419,20 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
         folds = evaluate.coco_5fold_metrics(sim_fn, images, texts, **kwargs)
         full = evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
         return {**folds, **{f"full_{k}": v for k, v in full.items()}}
-    return evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
+    ranks = evaluate.retrieval_ranks(sim_fn, images, texts, **kwargs)
+    return evaluate.rank_metrics(*ranks) | {"noise_share_estimate": held_out_share(ranks)}
+
+
+def held_out_share(ranks: evaluate.RetrievalRanks) -> float:
+    """Storey's share of the split's captions whose image ranks no better than a random
+    one's (``ncljax.labels.noise_share`` of the text-to-image p-values ``(1 + g + t) /
+    n_img``, ties against the partner): on pairs the model never trained on, an estimate
+    of the share of mismatched pairs (and hard matched ones) that memorisation does not
+    bias. The noise-share switch of the ``:vectors`` settings reads it from the validation
+    split (``base.RefreshContext.held_out``)."""
+    greater, tied = np.asarray(ranks.t2i.greater), np.asarray(ranks.t2i.tied)
+    p = (1.0 + greater + tied) / max(np.asarray(ranks.i2t.greater).size, 1)
+    return float(labels_share.noise_share(p).estimate)
 
 
 # Noise-detection quality, logged after a kind's own metrics when a method estimates it.

@@ -232,7 +232,15 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     num_epochs = config.train.epochs
     state, progress, saved_sets = _resume(run, mesh_lib.replicate(state, mesh), workdir)
     kind = evaluator_lib.eval_kind(config)
-    refresh = Refresher(graphdef, method, run.pairs, mesh, config, num_epochs)
+    refresh = Refresher(
+        graphdef,
+        method,
+        run.pairs,
+        mesh,
+        config,
+        num_epochs,
+        held_out=lambda state: _held_out_share(evaluator, state),
+    )
     with jax.set_mesh(mesh):
         for epoch in range(progress.epoch, num_epochs):
             plan = method.plan_fn(epoch)
@@ -249,6 +257,13 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
                 callback(epoch, val)
         test, best = _test_best(run, state, progress, evaluator, workdir, kind.selection)
     return _finish(run, state, test, best, workdir, kind)
+
+
+def _held_out_share(evaluator, state) -> float | None:
+    """The validation split's ``noise_share_estimate`` under ``state``'s model (recall
+    evaluation only; ``None`` otherwise or where it is undefined)."""
+    value = evaluator(state, "val").get("noise_share_estimate")
+    return None if value is None or not np.isfinite(value) else float(value)
 
 
 def _resume(run, state, workdir: str):

@@ -3,6 +3,8 @@ network's ``refresh_fn``."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +32,8 @@ class Refresher:
     training); the results are scattered back to index order and replicated.
     """
 
-    def __init__(self, graphdef, method, pairs, mesh, config, num_epochs):
+    def __init__(self, graphdef, method, pairs, mesh, config, num_epochs, held_out=None):
+        self._held_out = held_out  # (state) -> float or None: the validation split's share
         self._method = method
         self._pairs = pairs
         self._mesh = mesh
@@ -93,6 +96,9 @@ class Refresher:
         num_networks = jax.tree.leaves(state.params)[0].shape[0]
         key = jax.random.fold_in(jax.random.fold_in(state.rng, step_lib.REFRESH_STREAM), epoch)
         memories, diagnostics = [], {}
+        held_out = None
+        if self._held_out is not None:
+            held_out = functools.cache(lambda: self._held_out(state))  # once per refresh
         for k in range(num_networks):
             ctx = RefreshContext(
                 epoch=epoch,
@@ -100,6 +106,7 @@ class Refresher:
                 network=k,
                 rng=jax.random.fold_in(key, k),
                 fetch=self._fetch,
+                held_out=held_out,
             )
             memory, diag = method.refresh_fn(
                 state_lib.network(state.memory, k),

@@ -85,3 +85,27 @@ def test_jits_and_has_no_gradient():
     np.testing.assert_allclose(jitted.bound, eager.bound, rtol=1e-6)
     grad = jax.grad(lambda x: labels.noise_share(x).bound)(p)
     np.testing.assert_array_equal(grad, 0.0)
+
+
+def test_switch_off_needs_the_held_out_share_below_the_floor_too():
+    low = labels.noise_share(np.full(400, 0.01, np.float32))  # bound 2.7 / 400 / 0.5 < 0.05
+    high = labels.noise_share(np.linspace(0.0025, 1.0, 400, dtype=np.float32))
+    asked = []
+
+    def held(value):
+        def fn():
+            asked.append(value)
+            return value
+
+        return fn
+
+    assert share.switch_off(low, 0.05) == (True, None)  # the training pairs alone
+    assert share.switch_off(low, 0.05, held(0.01)) == (True, 0.01)
+    assert share.switch_off(low, 0.05, held(0.2)) == (False, 0.2)  # memorised: kept on
+    assert share.switch_off(low, 0.05, held(None)) == (True, None)  # no held-out estimate
+    assert asked == [0.01, 0.2, None]
+    assert share.switch_off(high, 0.05, held(0.0)) == (False, None)
+    assert asked == [0.01, 0.2, None]  # not asked where the training pairs say no
+    diag = share.diagnostics(low, True, 0.01)
+    assert float(diag["held_out_share"]) == pytest.approx(0.01)
+    assert "held_out_share" not in share.diagnostics(low, True)

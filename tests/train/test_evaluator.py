@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from ncljax import methods, models
+from ncljax import evaluate, methods, models
 from ncljax.data import sources
 from ncljax.methods import base
 from ncljax.train import evaluator as evaluator_lib
@@ -122,3 +122,24 @@ def test_pools_are_checked_and_an_ensemble_needs_one_rule():
     config.eval.kind = "map"
     with pytest.raises(ValueError, match="eval_pool is 'mean'"):
         evaluator_lib.score([_encoded("logmeanexp")], config, None, "val")
+
+
+def test_held_out_share_is_storeys_share_of_the_text_to_image_p_values():
+    """A caption's p-value is (1 + images above or tied with its own) / images; the share
+    is #{p > 1/2} / (n / 2), clipped at 1 (a numpy loop over a similarity matrix)."""
+    rng = np.random.default_rng(0)
+    n_img, cpi = 40, 2
+    sim = rng.normal(size=(n_img, n_img * cpi))
+    own = np.repeat(np.arange(n_img), cpi)
+    sim[own[:50], np.arange(50)] += 3.0  # the first 50 captions clearly matched
+    sim[0, 1] = sim[5, 1]  # a tie with the partner counts against it
+    images, texts = jnp.asarray(sim, jnp.float32), jnp.eye(n_img * cpi)  # image @ text = sim
+    sim = np.asarray(images)
+    ranks = evaluate.retrieval_ranks(lambda a, b: a @ b.T, images, texts, captions_per_image=cpi)
+    p = [
+        (1 + sum(sim[k, j] >= sim[own[j], j] for k in range(n_img) if k != own[j])) / n_img
+        for j in range(n_img * cpi)
+    ]
+    want = min(1.0, sum(v > 0.5 for v in p) / (len(p) * 0.5))
+    assert 0 < want < 1
+    assert evaluator_lib.held_out_share(ranks) == pytest.approx(want, abs=1e-6)

@@ -347,6 +347,7 @@ def _refreshing_method(*, num_networks=2):
             "order_ok": float(np.array_equal(np.asarray(stats["index"]), np.arange(n))),
             "fetch_ok": float(np.array_equal(np.asarray(fetched["index"]), wanted)),
             "rows_ok": float(np.array_equal(stats["remembered"], before)),
+            "held_out": -1.0 if ctx.held_out is None else ctx.held_out(),
             "network": float(ctx.network),
             "mean_pair_sim": float(stats["pair_sim"].mean()),
         }
@@ -401,6 +402,10 @@ def test_refresh_runs_stats_pass_per_network_with_phases(refreshing_run):
         assert r["order_ok_net0"] == r["order_ok_net1"] == 1.0
         assert r["fetch_ok_net0"] == r["fetch_ok_net1"] == 1.0
         assert r["rows_ok_net0"] == r["rows_ok_net1"] == 1.0  # the memory before the refresh
+        # the validation split's share under the model the refresh sees: the last epoch's
+        (val,) = [v for v in rows if v["split"] == "val" and v["epoch"] == r["epoch"] - 1]
+        assert 0 <= r["held_out_net0"] == r["held_out_net1"] <= 1
+        assert r["held_out_net0"] == pytest.approx(val["noise_share_estimate"], abs=1e-6)
         assert (r["network_net0"], r["network_net1"]) == (0.0, 1.0)
         assert r["mean_pair_sim_net0"] != r["mean_pair_sim_net1"]  # each network's own pass
     train = [r for r in rows if r["split"] == "train"]
