@@ -73,9 +73,9 @@ class Settings:
       noise_share: ``'none'`` (the papers) or ``'partner'`` (ncljax's; the ``:vectors``
         configs): the co-divide's eval pass also gives each pair's in-batch partner
         p-value (``ncljax.labels.srem.partner_p_value``, image to caption), and a
-        network whose p-values bound the mismatched share below ``noise_floor``
-        (``ncljax.labels.share``) divides nothing that epoch: every pair is clean with
-        probability 1. A GMM always finds two groups; on a folder with next to no
+        network whose p-values bound the mismatched share below ``noise_floor``, where the
+        validation split's estimate agrees (``ncljax.labels.share.switch_off``), divides
+        nothing that epoch: every pair is clean with probability 1. A GMM always finds two groups; on a folder with next to no
         mismatched pair the clean pairs it sets aside cost more than it removes.
       noise_floor: that floor (0.05).
     """

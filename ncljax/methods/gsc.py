@@ -104,8 +104,9 @@ class Settings(NamedTuple):
       noise_share: ``'none'`` (the paper) or ``'partner'`` (ncljax's;
         ``configs/gsc.py:vectors``): every training step writes each pair's in-batch
         partner p-value (``ncljax.labels.srem.partner_p_value``, image to caption), and
-        a refresh whose p-values bound the mismatched share below ``noise_floor``
-        (``ncljax.labels.share``) sets every label to 1 for the next epoch: the
+        a refresh whose p-values bound the mismatched share below ``noise_floor``, where
+        the validation split's estimate agrees (``ncljax.labels.share.switch_off``), sets
+        every label to 1 for the next epoch: the
         division is off while the data shows next to no mismatched pair.
       noise_floor: that floor (0.05). Measured on real folders at 0% mismatched (seed
         0, test rSum): every label at 1 for the whole run reaches InfoNCE's level

@@ -247,7 +247,8 @@ class Settings(NamedTuple):
       noise_share: ``'none'`` [paper] or ``'partner'`` [ncljax; ``division='partner'``
         only]: every step writes each pair's partner p-value (image to caption), and an
         epoch whose previous epoch's p-values bound the mismatched share below
-        ``noise_floor`` (``ncljax.labels.share``) runs the partner test at level 1, i.e.
+        ``noise_floor``, where the validation split's estimate agrees
+        (``ncljax.labels.share.switch_off``), runs the partner test at level 1, i.e.
         keeps every pair: with next to no mismatched pair, the test's rejections are
         hard clean pairs (the breast cancer halves at 0%: 17 below InfoNCE with it).
       noise_floor: that floor [ncljax: 0.05].
