@@ -75,8 +75,9 @@ class Settings:
         p-value (``ncljax.labels.srem.partner_p_value``, image to caption), and a
         network whose p-values bound the mismatched share below ``noise_floor``, where the
         validation split's estimate agrees (``ncljax.labels.share.switch_off``), divides
-        nothing that epoch: every pair is clean with probability 1. A GMM always finds two groups; on a folder with next to no
-        mismatched pair the clean pairs it sets aside cost more than it removes.
+        nothing that epoch: every pair is clean with probability 1. A GMM always finds
+        two groups; on a folder with next to no mismatched pair the clean pairs it sets
+        aside cost more than it removes.
       noise_floor: that floor (0.05).
     """
 
