@@ -58,6 +58,8 @@ def test_ensemble_scores_the_mean_similarity(tmp_path, heads):
             assert _brute_force(matrices[-1], 5)["rsum"] == pytest.approx(alone["rsum"])
     assert not np.allclose(matrices[0], matrices[1])
     results = ensemble.evaluate_ensemble([str(w) for w in workdirs], "test")
+    share = results.pop("noise_share_estimate")  # the held-out share: test_evaluator.py
+    assert 0 <= share <= 1
     assert results == pytest.approx(_brute_force((matrices[0] + matrices[1]) / 2, 5), abs=1e-9)
 
 
