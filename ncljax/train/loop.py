@@ -232,6 +232,7 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     num_epochs = config.train.epochs
     state, progress, saved_sets = _resume(run, mesh_lib.replicate(state, mesh), workdir)
     kind = evaluator_lib.eval_kind(config)
+    validated = {}  # the last validation's metrics, by the step of the model it scored
     refresh = Refresher(
         graphdef,
         method,
@@ -239,7 +240,7 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
         mesh,
         config,
         num_epochs,
-        held_out=lambda state: _held_out_share(evaluator, state),
+        held_out=lambda state: _held_out_share(evaluator, state, validated),
     )
     with jax.set_mesh(mesh):
         for epoch in range(progress.epoch, num_epochs):
@@ -250,6 +251,8 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
             saved_sets = None
             _check_finite(state, run.checkpointer)
             val = _validate(run, state, evaluator, workdir, epoch, epoch_passes, kind)
+            validated.clear()
+            validated[int(state.step)] = val
             progress = _select(run, state, progress, plan, val[kind.selection], kind.selection)
             progress = progress.next_epoch()
             run.checkpointer.save(state, progress.to_json(), encoded)
@@ -259,10 +262,12 @@ def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
     return _finish(run, state, test, best, workdir, kind)
 
 
-def _held_out_share(evaluator, state) -> float | None:
-    """The validation split's ``noise_share_estimate`` under ``state``'s model (recall
-    evaluation only; ``None`` otherwise or where it is undefined)."""
-    value = evaluator(state, "val").get("noise_share_estimate")
+def _held_out_share(evaluator, state, validated: dict) -> float | None:
+    """The validation split's ``noise_share_estimate`` under ``state``'s model: the last
+    validation's where it scored this model (``validated``, by step), else evaluated now
+    (a resumed run); recall evaluation only, ``None`` otherwise or where undefined."""
+    val = validated.get(int(state.step))
+    value = (val if val is not None else evaluator(state, "val")).get("noise_share_estimate")
     return None if value is None or not np.isfinite(value) else float(value)
 
 
