@@ -22,7 +22,10 @@ the newest checkpoint of ``checkpoints/latest``):
   keeps every text exactly;
 - ``RUN/audit/audit.json``: which checkpoint the scores come from (step, epochs
   completed, whether the run finished), what the score is, the method's threshold and
-  how many pairs fall at or below it;
+  how many pairs fall at or below it, and ``held_out``: how well the model told a
+  validation caption's own image from the split's others at the last validation
+  (``pair_auc``, an AUC); a verdict on the training pairs is rarely better, and below
+  ``WEAK_SEPARATION`` (0.85) a note says to read the ranking as weak;
 - beside the method's score, where the run trains on a vectors folder whose two sides are
   vectors of one embedding space (its ``embedding.json`` says ``"shared_space": true``,
   as ``ncljax embed`` writes for CLIP; ``--raw_cosine=yes`` forces it), ``raw_cosine``:
@@ -115,6 +118,9 @@ class PairScores(NamedTuple):
       raw_cosine: float64 ``[N]``, the cosine of each pair's own two vectors as the folder
         holds them (the practitioners' CLIP-score ranking), where computed
         (:func:`with_raw_cosine`); None otherwise.
+      held_out: the validation split's ``pair_auc`` from the run's last validation at or
+        before the checkpoint (:func:`held_out_separation`: ``split``, ``step``,
+        ``pair_auc``), or None where the run logged none.
     """
 
     method: str
@@ -129,6 +135,7 @@ class PairScores(NamedTuple):
     checkpoint: dict[str, Any]
     notes: tuple[str, ...]
     raw_cosine: np.ndarray | None = None
+    held_out: dict[str, Any] | None = None
 
 
 class _Restored(NamedTuple):
@@ -379,6 +386,9 @@ def pair_scores(workdir: str) -> PairScores:
             "every pair has the same score: the method has not divided the pairs yet (a "
             "warm-up checkpoint?); the ranking is the caption order"
         )
+    held_out = held_out_separation(workdir, restored.step)
+    if held_out is not None and held_out["pair_auc"] < WEAK_SEPARATION:
+        notes.append(weak_separation_note(held_out))
     image_ids, captions = _display(config, split)
     return PairScores(
         method=config.method,
@@ -398,6 +408,50 @@ def pair_scores(workdir: str) -> PairScores:
             "finished": os.path.exists(os.path.join(workdir, "results.json")),
         },
         notes=tuple(notes),
+        held_out=held_out,
+    )
+
+
+# A verdict that ranks the mismatched pairs below this AUC is weak (the bar the library's
+# methods are held to on the real worlds of ``python -m ncljax.report``).
+WEAK_SEPARATION = 0.85
+
+
+def held_out_separation(workdir: str, step: int) -> dict[str, Any] | None:
+    """How well the run's model told held-out pairs apart: ``{"split": "val", "step",
+    "pair_auc"}`` of the last validation at or before ``step`` in ``metrics.jsonl``
+    (``ncljax.train.evaluator.pair_auc``: the mean AUC of a caption's own image against the
+    split's other images), or None where the run logged none (mAP evaluation, a run
+    trained before it was logged). Damaged lines are skipped."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    found = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or row.get("split") != "val":
+                continue
+            value, at = row.get("pair_auc"), row.get("step")
+            usable = isinstance(value, int | float) and isinstance(at, int) and at <= step
+            if usable and (found is None or at >= found["step"]):
+                found = {"split": "val", "step": at, "pair_auc": float(value)}
+    return found
+
+
+def weak_separation_note(held_out: dict[str, Any]) -> str:
+    """What a weak held-out separation means for the ranking (a note of the audit)."""
+    return (
+        f"on its validation split the model told a caption's own image from the others at "
+        f"AUC {held_out['pair_auc']:.2f} (pair_auc, step {held_out['step']}; below "
+        f"{WEAK_SEPARATION}), and its verdict on the training pairs, which it has fitted, is "
+        "rarely better: read this ranking as weak. The pairs' vectors carry little of their "
+        "pairing for this model; train longer or embed the pairs with a stronger encoder "
+        "(ncljax embed). A validation split that is itself mismatched at a share s reads "
+        "lower, about (1 - s) AUC + s / 2"
     )
 
 
@@ -551,7 +605,8 @@ def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
 
 def summary(scores: PairScores, known: dict | None = None) -> dict:
     """What ``audit.json`` records: the checkpoint, the score and the threshold, whether
-    the raw cosine was computed, and (``known``) the AUCs against known mismatches."""
+    the raw cosine was computed, the held-out separation (``held_out``, or None), and
+    (``known``) the AUCs against known mismatches."""
     flagged = (
         None if scores.threshold is None else int((scores.clean_score <= scores.threshold).sum())
     )
@@ -565,6 +620,7 @@ def summary(scores: PairScores, known: dict | None = None) -> dict:
         "checkpoint": scores.checkpoint,
         "notes": list(scores.notes),
         "raw_cosine": scores.raw_cosine is not None,
+        "held_out": scores.held_out,
         **({"known_mismatches": known} if known is not None else {}),
     }
 

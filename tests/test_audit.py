@@ -490,3 +490,40 @@ def test_rows_in_chunks_are_the_rows_at_once():
     assert [r["index"] for r in whole] == list(np.argsort(scores.rank))
     for chunk in (1, 3, 4, 64):
         assert list(audit.rows(scores, chunk=chunk)) == whole
+
+
+def test_audit_json_holds_the_last_validation_pair_auc_at_the_checkpoint(runs):
+    """``held_out`` is the last validation row's ``pair_auc`` at or before the checkpoint's
+    step, read back from ``metrics.jsonl``."""
+    workdir = runs["gsc"]
+    summary = audit.audit(workdir)
+    val = [r for r in read_metrics(workdir) if r["split"] == "val"]
+    step = summary["checkpoint"]["step"]
+    last = max((r for r in val if r["step"] <= step), key=lambda r: r["step"])
+    assert 0.5 <= last["pair_auc"] <= 1
+    want = {"split": "val", "step": last["step"], "pair_auc": last["pair_auc"]}
+    assert summary["held_out"] == want
+    with open(os.path.join(workdir, "audit", "audit.json")) as f:
+        assert json.load(f)["held_out"] == want
+
+
+def test_held_out_separation_reads_the_last_validation_before_the_step(tmp_path):
+    """Rows after the step, of other splits, without ``pair_auc`` or damaged are skipped;
+    a weak separation gives a note naming its AUC, and a run without any gives None."""
+    rows = [
+        {"step": 10, "split": "val", "pair_auc": 0.9},
+        {"step": 20, "split": "train", "pair_auc": 0.1},
+        {"step": 20, "split": "val", "pair_auc": 0.71},
+        {"step": 25, "split": "val", "pair_auc": None},
+        {"step": 30, "split": "val", "pair_auc": 0.99},
+        {"step": 30, "split": "test", "pair_auc": 0.2},
+    ]
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(2, '{"step": 21, "split": "val", "pair_')  # a partly written line
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    got = audit.held_out_separation(str(tmp_path), step=29)
+    assert got == {"split": "val", "step": 20, "pair_auc": 0.71}
+    assert audit.held_out_separation(str(tmp_path), step=5) is None
+    assert audit.held_out_separation(str(tmp_path / "none"), step=5) is None
+    assert got["pair_auc"] < audit.WEAK_SEPARATION
+    assert "AUC 0.71" in audit.weak_separation_note(got)

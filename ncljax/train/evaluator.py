@@ -420,7 +420,8 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
         full = evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)
         return {**folds, **{f"full_{k}": v for k, v in full.items()}}
     ranks = evaluate.retrieval_ranks(sim_fn, images, texts, **kwargs)
-    return evaluate.rank_metrics(*ranks) | {"noise_share_estimate": held_out_share(ranks)}
+    held_out = {"noise_share_estimate": held_out_share(ranks), "pair_auc": pair_auc(ranks)}
+    return evaluate.rank_metrics(*ranks) | held_out
 
 
 def held_out_share(ranks: evaluate.RetrievalRanks) -> float:
@@ -433,6 +434,24 @@ def held_out_share(ranks: evaluate.RetrievalRanks) -> float:
     greater, tied = np.asarray(ranks.t2i.greater), np.asarray(ranks.t2i.tied)
     p = (1.0 + greater + tied) / max(np.asarray(ranks.i2t.greater).size, 1)
     return float(labels_share.noise_share(p).estimate)
+
+
+def pair_auc(ranks: evaluate.RetrievalRanks) -> float:
+    r"""How well the model tells a caption's own image from the split's other images: the
+    area under the ROC curve of the partner's similarity against the other images',
+    averaged over captions, :math:`1 - E[r_q] / (n_{img} - 1)` with :math:`E[r_q]` the
+    caption's expected 0-based text-to-image rank (fair ties: a tie counts one half). A
+    mismatched pair's caption is one more caption its image has nothing to do with, so on
+    pairs the model never trained on this is the AUC the model's own similarity can reach
+    in telling matched pairs from mismatched ones (a clean split; a split with a share
+    :math:`\pi` of mismatched pairs reads about :math:`(1 - \pi) A + \pi / 2`). The audit
+    reports the validation split's (``ncljax.audit``): a method's verdict on its training
+    pairs, which the model has fitted, is rarely better. NaN with fewer than two images."""
+    n_img = np.asarray(ranks.i2t.greater).size
+    if n_img < 2:
+        return float("nan")
+    expected = np.asarray(ranks.t2i.expected_rank(), np.float64)
+    return float(np.mean(1.0 - expected / (n_img - 1)))
 
 
 # Noise-detection quality, logged after a kind's own metrics when a method estimates it.

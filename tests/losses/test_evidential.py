@@ -231,6 +231,36 @@ def test_edl_loss_matches_oracle(target, masked):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_edl_loss_without_the_kl_term_matches_oracle_and_computes_no_log_gamma(masked):
+    """``kl_weight=0`` (the cosine head's UGNCL): the oracle at weight 0, the same values
+    and gradients as the full loss times a zero weight, and no log-gamma or digamma in the
+    compiled program (the term is skipped, not multiplied by 0)."""
+    where = WHERE if masked else ALL
+    rng = np.random.default_rng(202)
+    log_e = np_log_evidence(rng.uniform(-3.0, 1.0, (7, 7))).astype(np.float32)
+    y = rng.uniform(0.02, 0.98, (7, 7)).astype(np.float32)
+
+    def skipped(e):
+        return edl_loss(e, y, kl_weight=0.0, where=where)
+
+    def kept(e, w):  # a traced weight keeps the term, times 0
+        return edl_loss(e, y, kl_weight=w, where=where)
+
+    alpha = np.exp(log_e.astype(np.float64)) + 1.0
+    want = np_edl(alpha, y.astype(np.float64), where, 0.0)[0]
+    np.testing.assert_allclose(skipped(log_e), want, rtol=RTOL, atol=ATOL)
+    zero = jnp.float32(0.0)
+    np.testing.assert_allclose(skipped(log_e), kept(log_e, zero), rtol=1e-6, atol=1e-7)
+    grads = [jit(jax.grad(lambda e: skipped(e).sum()))(log_e)]
+    grads.append(jit(jax.grad(lambda e: kept(e, zero).sum()))(log_e))
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-7)
+    text = jax.jit(lambda e: edl_loss(e, y, kl_weight=0.0, where=where)).lower(log_e).as_text()
+    assert "lgamma" not in text and "digamma" not in text
+    full = jax.jit(lambda e: edl_loss(e, y, kl_weight=0.1, where=where)).lower(log_e).as_text()
+    assert "lgamma" in full
+
+
 def test_edl_loss_target_is_a_constant():
     log_e = np_log_evidence(np.random.default_rng(201).uniform(-3, 1, (7, 7))).astype(np.float32)
     y = np.diag([0.3, 1.0, 0.0, 0.7, 0.5, 1.0, 0.0]).astype(np.float32)

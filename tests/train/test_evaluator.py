@@ -143,3 +143,25 @@ def test_held_out_share_is_storeys_share_of_the_text_to_image_p_values():
     want = min(1.0, sum(v > 0.5 for v in p) / (len(p) * 0.5))
     assert 0 < want < 1
     assert evaluator_lib.held_out_share(ranks) == pytest.approx(want, abs=1e-6)
+
+
+def test_pair_auc_is_the_mean_per_caption_auc_of_its_own_image_against_the_others():
+    """Per caption, scikit-learn's ROC AUC of its own image's similarity (label 1) against
+    the other images' (label 0; a tie counts one half), averaged over captions."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(1)
+    n_img, cpi = 30, 2
+    sim = np.round(rng.normal(size=(n_img, n_img * cpi)), 1)  # rounded: ties with the partner
+    own = np.repeat(np.arange(n_img), cpi)
+    sim[own[:40], np.arange(40)] += 1.5
+    images, texts = jnp.asarray(sim, jnp.float32), jnp.eye(n_img * cpi)
+    sim = np.asarray(images)
+    ranks = evaluate.retrieval_ranks(lambda a, b: a @ b.T, images, texts, captions_per_image=cpi)
+    want = np.mean(
+        [metrics.roc_auc_score(np.arange(n_img) == own[j], sim[:, j]) for j in range(n_img * cpi)]
+    )
+    assert 0.5 < want < 1
+    assert evaluator_lib.pair_auc(ranks) == pytest.approx(want, abs=1e-9)
+    single = evaluate.RankCounts.from_ranks([0])
+    one = evaluate.RetrievalRanks(single, single)  # one image: nothing to tell it from
+    assert np.isnan(evaluator_lib.pair_auc(one))
