@@ -60,7 +60,12 @@ def test_ensemble_scores_the_mean_similarity(tmp_path, heads):
     results = ensemble.evaluate_ensemble([str(w) for w in workdirs], "test")
     share = results.pop("noise_share_estimate")  # the held-out share: test_evaluator.py
     assert 0 <= share <= 1
-    assert results == pytest.approx(_brute_force((matrices[0] + matrices[1]) / 2, 5), abs=1e-9)
+    mean = (matrices[0] + matrices[1]) / 2
+    own = mean[np.arange(mean.shape[1]) // 5, np.arange(mean.shape[1])]  # [n_txt]
+    below = (mean < own).sum(0) + 0.5 * ((mean == own).sum(0) - 1)
+    want_auc = float(np.mean(below / (mean.shape[0] - 1)))  # each caption's own image's AUC
+    assert results.pop("pair_auc") == pytest.approx(want_auc, abs=1e-6)
+    assert results == pytest.approx(_brute_force(mean, 5), abs=1e-9)
 
 
 def test_ensemble_refuses_runs_on_different_data(tmp_path):
