@@ -206,6 +206,8 @@ def build(args, method_name: str, batch_size: int):
     with jax.set_mesh(mesh):
         # loop._start_epoch: the epoch counter, the refresh, an optimiser reset.
         state = state._replace(epoch=jnp.full_like(state.epoch, epoch))
+        if args.at_step:  # a schedule that follows the step (UGNCL's count) reads it
+            state = state._replace(step=jnp.full_like(state.step, args.at_step))
         if plan.refresh:
             refresh = Refresher(graphdef, method, pairs, mesh, config, config.train.epochs)
             state, _ = refresh(state, epoch)
@@ -281,6 +283,7 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         "networks": info["networks"],
         "trained_networks": info["trained"],
         "epoch": info["epoch"],
+        "at_step": args.at_step,
         "spec": info["spec"]._asdict(),
         "streams": info["streams"],
         "real_pairs": info["real_pairs"],
@@ -361,6 +364,13 @@ def main():
     parser.add_argument("--mismatched", type=float, default=0.2)
     parser.add_argument("--eval-images", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--at-step",
+        type=int,
+        default=0,
+        help="the optimisation step the state starts at (0: a fresh run's); UGNCL's "
+        "hard-negative count anneals with it, to its floor after about 600 steps",
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--peak-size", type=int, default=4096, help="of the peak's matmul")
     parser.add_argument(
@@ -398,6 +408,7 @@ def main():
             f"--repeats={args.repeats}",
             f"--devices={args.devices}",
             f"--peak-size={args.peak_size}",
+            f"--at-step={args.at_step}",
             *([] if args.split else ["--no-split"]),
         ]
 

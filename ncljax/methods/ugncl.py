@@ -409,6 +409,7 @@ def objective(
         where=mask,
         # lambda anneals from lambda_start down to theta: a static bound on it
         max_negatives=max(s.lambda_start, s.theta),
+        min_negatives=s.theta,  # where it stays once annealed
         **phase,
     )
 

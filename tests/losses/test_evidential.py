@@ -307,6 +307,33 @@ def test_top_k_mean_with_a_static_bound_selects_instead_of_sorting(max_k):
         )
 
 
+def test_top_k_mean_below_a_static_floor_selects_only_the_floor():
+    """``min_k``: a traced ``k`` at or below it takes the small selection, above it the
+    large one, in one compiled program with a conditional; the oracle's value and the
+    sort's gradient on both sides (ties included)."""
+    costs = np.random.default_rng(212).uniform(0.0, 1.0, (5, 9)).astype(np.float32)
+    costs[:, 2] = costs[:, 6]  # ties
+    traces = []
+
+    @jit
+    def fn(c, k):
+        traces.append(None)
+        return top_k_mean(c, k, max_k=8, min_k=3)
+
+    assert "conditional" in fn.lower(costs, 1).as_text(dialect="hlo")
+    for k in range(0, 9):
+        np.testing.assert_allclose(fn(costs, k), np_top_k_mean(costs, k), rtol=1e-6, atol=1e-7)
+        grads = [
+            jit(jax.grad(lambda c, k, b=b: top_k_mean(c, k, **b).sum()))(costs, k)
+            for b in ({}, dict(max_k=8, min_k=3))
+        ]
+        np.testing.assert_allclose(grads[1].sum(-1), grads[0].sum(-1), rtol=1e-6)
+        np.testing.assert_allclose(
+            np.sort(np.asarray(grads[1]), -1), np.sort(np.asarray(grads[0]), -1), rtol=1e-6
+        )
+    assert len(traces) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Trusted robust loss (Eq. 16, the paper's Sec. 3.3).
 
