@@ -104,8 +104,12 @@ def train_and_evaluate(
         cluster.initialize(config.cluster)
     # Every field is checked, and everything built, before anything is written.
     config, b = _build(config, overridden)
-    method, pairs, mesh, tx, graphdef, state = b.method, b.pairs, b.mesh, b.tx, b.graphdef, b.state
+    method, pairs, mesh, tx, graphdef = b.method, b.pairs, b.mesh, b.tx, b.graphdef
     evaluator, train_split = b.evaluator, b.train_split
+    # The initial state goes to _train in a list it empties: no frame keeps it (its
+    # per-pair memory, a copy the size of the run's, stayed alive for the whole run).
+    initial = [b.state]
+    del b
     text_fields = models.input_fields(config.model)[1]
     schedule = optim.learning_rate_schedule(config.optim, num_epochs=config.train.epochs)
 
@@ -150,7 +154,7 @@ def train_and_evaluate(
         )
         if jax.process_index() == 0:
             print(opening_line(config, method, pairs, mesh, workdir), flush=True)
-        return _train(run, graphdef, state, evaluator, mesh, workdir, callbacks)
+        return _train(run, graphdef, initial, evaluator, mesh, workdir, callbacks)
 
 
 def opening_line(config, method, pairs, mesh, workdir: str) -> str:
@@ -226,11 +230,12 @@ def _build(config, overridden) -> tuple[ml_collections.ConfigDict, _Built]:
     return config, _Built(method, pairs, mesh, tx, graphdef, state, evaluator, train_split)
 
 
-def _train(run, graphdef, state, evaluator, mesh, workdir, callbacks):
-    """The run in its locked workdir: resume, the epochs, then the test of the best model."""
+def _train(run, graphdef, initial: list, evaluator, mesh, workdir, callbacks):
+    """The run in its locked workdir: resume (from ``initial.pop()``, the built state), the
+    epochs, then the test of the best model."""
     config, method = run.config, run.method
     num_epochs = config.train.epochs
-    state, progress, saved_sets = _resume(run, mesh_lib.replicate(state, mesh), workdir)
+    state, progress, saved_sets = _resume(run, mesh_lib.replicate(initial.pop(), mesh), workdir)
     kind = evaluator_lib.eval_kind(config)
     validated = {}  # the last validation's metrics, by the step of the model it scored
     refresh = Refresher(
