@@ -31,7 +31,9 @@ epoch as its ``EpochPlan`` says.
    which matters with gradient clipping).
 3. ``refresh_fn(memory, stats, ctx) -> (memory, diagnostics)`` is the per-epoch
    estimation step (GMM fit, OT solve, momentum update), run on the host between
-   epochs with jitted pieces. ``stats`` is ``None`` unless the method has a
+   epochs with jitted pieces. It returns the network's memory in the structure, shapes
+   and dtypes it was given: the trainer writes each network's result into the memory's
+   own buffers, one network at a time. ``stats`` is ``None`` unless the method has a
    ``stats_fn(outputs, batch) -> dict of [B, ...]``; then the trainer first runs an
    eval-mode forward pass of every network over the training pairs (in shuffled
    batches of the training size) and hands the collected ``[N, ...]`` arrays (ordered

@@ -18,6 +18,12 @@ from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
 
 
+def _write_network(memory, k: int, value):
+    """``memory`` with network ``k``'s slice set to ``value`` (``memory`` donated: written
+    in place)."""
+    return state_lib.set_network(memory, k, value)
+
+
 def _scatter_stats(buffers, index, values):
     """Writes per-network values ``[K, B, ...]`` at ``index`` (padding ``N`` is dropped)."""
     return jax.tree.map(lambda b, v: b.at[:, index].set(v, mode="drop"), buffers, values)
@@ -57,6 +63,12 @@ class Refresher:
             self._scatter = jax.jit(
                 _scatter_stats, donate_argnums=0, out_shardings=mesh_lib.replicated(mesh)
             )
+        self._write = jax.jit(
+            _write_network,
+            static_argnums=1,
+            donate_argnums=0,
+            out_shardings=mesh_lib.replicated(mesh),
+        )
 
     def _collect_stats(self, state, epoch: int):
         cfg, n = self._config, self._pairs.num_records
@@ -95,7 +107,8 @@ class Refresher:
         stats = self._collect_stats(state, epoch) if method.stats_fn is not None else None
         num_networks = jax.tree.leaves(state.params)[0].shape[0]
         key = jax.random.fold_in(jax.random.fold_in(state.rng, step_lib.REFRESH_STREAM), epoch)
-        memories, diagnostics = [], {}
+        memory, diagnostics = state.memory, {}
+        state = state._replace(memory=None)  # the old memory is written in place below
         held_out = None
         if self._held_out is not None:
             held_out = functools.cache(lambda: self._held_out(state))  # once per refresh
@@ -108,13 +121,29 @@ class Refresher:
                 fetch=self._fetch,
                 held_out=held_out,
             )
-            memory, diag = method.refresh_fn(
-                state_lib.network(state.memory, k),
+            new, diag = method.refresh_fn(
+                state_lib.network(memory, k),
                 None if stats is None else state_lib.network(stats, k),
                 ctx,
             )
-            memories.append(memory)
+            _check_rows(memory, new, k)
+            # one network's new rows at a time, into the old memory's buffers: the refresh
+            # holds the memory once plus a network's rows, not old + new + their stack
+            memory = self._write(memory, k, mesh_lib.replicate(new, self._mesh))
+            del new
             suffix = f"_net{k}" if num_networks > 1 else ""
             diagnostics.update({f"{name}{suffix}": float(v) for name, v in diag.items()})
-        memory = mesh_lib.replicate(state_lib.stack(memories), self._mesh)
         return state._replace(memory=memory), diagnostics
+
+
+def _check_rows(memory, new, k: int) -> None:
+    """Refuses a ``refresh_fn`` result that is not network ``k``'s memory in the structure,
+    shapes and dtypes it was given (``ncljax.methods.base.Method.refresh_fn``): the trainer
+    writes it into the memory's own buffers."""
+    want = jax.tree.map(lambda x: (x.shape[1:], x.dtype), memory)
+    got = jax.tree.map(lambda x: (tuple(np.shape(x)), jnp.result_type(x)), new)
+    if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
+        raise ValueError(
+            f"refresh_fn returned network {k}'s memory as {got}, not in the structure, "
+            f"shapes and dtypes it was given ({want}); a method's refresh_fn must keep them."
+        )
