@@ -32,6 +32,8 @@ import tempfile
 _COMP = re.compile(r"^(?:ENTRY )?%(\S+) \(.*\) -> .* \{$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
+_ARRAYS = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([0-9,]*)\]")
+_BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
 _GRU = re.compile(r"(^|[/(])gru([/)]|$)")
 _CONTROL = {"while", "conditional", "call", "tuple", "get-tuple-element", "parameter"}
 _NORM_OPS = {"exponential", "log", "sqrt", "rsqrt", "divide", "reduce", "logistic", "tanh"}
@@ -50,6 +52,14 @@ class Instruction:
         if not m:
             return None
         return [int(d) for d in m.group(1).split(",") if d]
+
+    def nbytes(self) -> int:
+        """Bytes of the value(s) the instruction produces (every array of a tuple)."""
+        total = 0
+        for dtype, dims in _ARRAYS.findall(self.shape):
+            bits = _BITS.get(dtype) or int(dtype[1:])
+            total += math.prod(int(d) for d in dims.split(",") if d) * bits // 8
+        return total
 
     def operands(self) -> list[str]:
         head = self.rest.split(")", 1)[0]
@@ -144,6 +154,40 @@ class Program:
 
     def flops(self, branch_weights=None) -> dict[str, float]:
         return self.cost(self.entry, branch_weights)
+
+    def traffic(self, name: str | None = None, branch_weights=None, _memo=None) -> float:
+        """Bytes one execution of computation ``name`` (the entry) moves through memory: every
+        executed kernel (a fusion, a ``dot``, any other array instruction at a
+        computation's top level) reads its operands and writes its outputs once; a fusion's
+        inside stays in registers and cache. Loops and conditionals count as in
+        :meth:`cost`. A lower bound on the traffic of the program as compiled (a kernel that
+        reads an operand twice, or spills, moves more), the roofline's memory side."""
+        name = self.entry if name is None else name
+        memo = {} if _memo is None else _memo
+        if name in memo:
+            return memo[name]
+        total = 0.0
+        for ins in self.computations.get(name, []):
+            if ins.op == "while":
+                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.rest)
+                n = int(trips.group(1)) if trips else 1
+                body = re.search(r"body=%([^\s,}]+)", ins.rest).group(1)
+                total += n * self.traffic(body, branch_weights, memo)
+            elif ins.op == "conditional":
+                branches = [self.traffic(b, branch_weights, memo) for b in ins.callees()]
+                weights = (branch_weights or {}).get(len(branches))
+                if weights is None:
+                    weights = [float(b == max(branches)) for b in branches]
+                    weights = [w / sum(weights) for w in weights]
+                total += sum(w * b for w, b in zip(weights, branches, strict=True))
+            elif ins.op == "call":
+                for callee in ins.callees():
+                    total += self.traffic(callee, branch_weights, memo)
+            elif ins.op not in _FREE_OPS:
+                operands = [self.instructions.get(o) for o in ins.operands()]
+                total += ins.nbytes() + sum(o.nbytes() for o in operands if o is not None)
+        memo[name] = total
+        return total
 
     def _contains(self, name: str, ops: set, seen=None) -> bool:
         seen = set() if seen is None else seen

@@ -51,7 +51,13 @@ Columns:
   encoders and per-pair losses grow with ``B``, the in-batch similarity matrices with
   ``B^2``, the optimiser update not at all;
 * ``GFLOP/s``, ``of peak``: achieved FLOP rate, and its fraction of the measured peak;
-* ``ms at peak``: the step's FLOPs at the peak rate, the roofline's bound on the step;
+* ``ms at peak``: the step's FLOPs at the peak rate, the roofline's compute bound;
+* ``GB/step``, ``ms at bandwidth``: the bytes the compiled program moves through memory
+  (``_hlo.Program.traffic``: each executed kernel reads its operands and writes its
+  outputs once, loops times their trip counts; a lower bound) and that traffic at the
+  measured bandwidth (a STREAM triad ``x * s + y`` over ``--stream-size`` float32
+  elements, in the ``peak`` case), the roofline's memory bound;
+* ``of roofline``: the larger of the two bounds over the measured step;
 * ``enc x``, ``BxB x``: the fitted matmul FLOPs of each part over an InfoNCE step's of
   the trained networks (analytic: per trained network, a forward and backward of the
   MLP towers, ``2 B sum(d_in d_out)`` forward and twice that backward but the first
@@ -137,11 +143,18 @@ def peak(args) -> dict:
     a = jnp.ones((n, n), jnp.float32)
     f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
     times = timed(lambda: jax.block_until_ready(f(a, a)), warmup=2, repeats=args.repeats + 2)
+    # memory bandwidth: a STREAM triad x * s + y over float32 arrays far larger than the cache
+    m = args.stream_size
+    x, y = jnp.ones((m,), jnp.float32), jnp.full((m,), 2.0, jnp.float32)
+    triad = jax.jit(lambda x, y: x * 1.5 + y)
+    stream = timed(lambda: jax.block_until_ready(triad(x, y)), warmup=2, repeats=args.repeats + 2)
     return {
         "case": "peak",
         "machine": machine(),
         "peak_float32_gflops": 2 * n**3 / statistics.median(times) / 1e9,
         "peak_size": n,
+        "bandwidth_gbs": 3 * 4 * m / statistics.median(stream) / 1e9,
+        "stream_size": m,
     }
 
 
@@ -295,6 +308,7 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         "gflop": total / 1e9,
         "gflop_matmul": flops.get("matmul", 0.0) / 1e9,
         "gflops_achieved": total / t / 1e9,
+        "gb_traffic": Program(compiled.as_text()).traffic() / 1e9,
         "memory_args_gib": memory.argument_size_in_bytes / 2**30,
         "memory_temp_gib": memory.temp_size_in_bytes / 2**30,
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -325,17 +339,22 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
 def table(rows, peak_row) -> None:
     f32 = peak_row.get("peak_float32_gflops")
     print(f"# {peak_row.get('machine', machine())}")
+    bw = peak_row.get("bandwidth_gbs")
     if f32:
         n = peak_row["peak_size"]
         print(f"# measured peak: float32 {f32:.0f} GFLOP/s ({n}^3 matrix product)")
+    if bw:
+        m = peak_row["stream_size"]
+        print(f"# measured bandwidth: {bw:.1f} GB/s (a float32 triad over {m:,} elements)")
     print(
         "| method | nets | B | ms/step | pairs/s | us/pair | GFLOP/step | per-pair / BxB / const"
-        " | GFLOP/s | of peak | ms at peak | enc x | BxB x |"
+        " | GFLOP/s | of peak | ms at peak | GB/step | ms at bandwidth | of roofline"
+        " | enc x | BxB x |"
     )
-    print("|---" * 13 + "|")
+    print("|---" * 16 + "|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['method']} | | {r['batch']} | failed: {r['error']} |" + " |" * 9)
+            print(f"| {r['method']} | | {r['batch']} | failed: {r['error']} |" + " |" * 12)
             continue
         split, enc, bxb = "", "", ""
         if "gflop_bxb_part" in r:
@@ -346,11 +365,17 @@ def table(rows, peak_row) -> None:
             enc, bxb = f"{r['encoder_x']:.2f}", f"{r['bxb_x']:.2f}"
         of_peak = f"{100 * r['gflops_achieved'] / f32:.0f}%" if f32 else ""
         at_peak = f"{1e3 * r['gflop'] / f32:.1f}" if f32 else ""
+        at_bw, of_roof = "", ""
+        if bw and f32 and "gb_traffic" in r:
+            memory_s = r["gb_traffic"] / bw
+            at_bw = f"{1e3 * memory_s:.1f}"
+            roof = max(r["gflop"] / f32, memory_s)  # the slower of compute and memory
+            of_roof = f"{100 * roof / r['seconds']:.0f}%"
         print(
             f"| {r['method']} | {r['networks']}/{r['trained_networks']} | {r['batch']} | "
             f"{1e3 * r['seconds']:.1f} | {r['pairs_per_s']:,.0f} | {r['us_per_pair']:.1f} | "
             f"{r['gflop']:,.1f} | {split} | {r['gflops_achieved']:.0f} | {of_peak} | "
-            f"{at_peak} | {enc} | {bxb} |"
+            f"{at_peak} | {r.get('gb_traffic', 0.0):,.2f} | {at_bw} | {of_roof} | {enc} | {bxb} |"
         )
 
 
@@ -373,6 +398,9 @@ def main():
     )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--peak-size", type=int, default=4096, help="of the peak's matmul")
+    parser.add_argument(
+        "--stream-size", type=int, default=2**26, help="elements of the bandwidth's arrays"
+    )
     parser.add_argument(
         "--no-split", dest="split", action="store_false", help="skip the B/2, B/4 compiles"
     )
@@ -408,6 +436,7 @@ def main():
             f"--repeats={args.repeats}",
             f"--devices={args.devices}",
             f"--peak-size={args.peak_size}",
+            f"--stream-size={args.stream_size}",
             f"--at-step={args.at_step}",
             *([] if args.split else ["--no-split"]),
         ]

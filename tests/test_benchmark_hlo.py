@@ -36,3 +36,24 @@ def test_conditional_branches_count_with_their_weights():
     short, full = 2 * 8 * 64 * 16, 2 * 8 * 64 * 64
     assert program.flops()["matmul"] == 4 * full  # default: the costliest branch
     assert program.flops({2: [0.75, 0.25]})["matmul"] == 4 * (0.75 * short + 0.25 * full)
+
+
+def test_traffic_counts_each_kernels_operands_and_outputs_once():
+    x = jnp.ones((256, 512), jnp.float32)
+    y = jnp.ones((256, 512), jnp.bfloat16)
+    # one fused elementwise kernel: reads x (4 B) and y (2 B), writes a float32 (4 B)
+    program = _program(lambda x, y: jnp.tanh(x * 1.5 + y.astype(jnp.float32)), x, y)
+    assert program.traffic() == 256 * 512 * (4 + 2 + 4)
+    # a matrix product [256, 512] x [512, 128]: both operands in, the product out
+    w = jnp.ones((512, 128), jnp.float32)
+    program = _program(lambda x, w: x @ w, x, w)
+    assert program.traffic() == 4 * (256 * 512 + 512 * 128 + 256 * 128)
+
+
+def test_traffic_of_a_loop_counts_its_trip_count():
+    x = jnp.ones((64, 64), jnp.float32)
+    once = _program(lambda v: jnp.sin(v) * 2, x).traffic()
+    looped = _program(lambda v: jax.lax.fori_loop(0, 10, lambda i, v: jnp.sin(v) * 2, v), x)
+    # the body's kernel 10 times, a copy of the (not donated) input into the loop's buffer
+    # and the loop counter's few bytes per trip; without trip counts it would read ~2x once
+    assert 10 * once <= looped.traffic() <= 11 * once + 10 * 64

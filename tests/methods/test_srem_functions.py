@@ -51,6 +51,9 @@ def test_plan_by_hand():
         assert (plan.phase, plan.refresh, plan.lr_epoch) == (phase, refresh, lr_epoch), epoch
         assert plan.selectable and plan.drop_remainder and plan.min_batch == 2
     assert srem.plan(srem.Settings(warmup_epochs=0), 0).phase == base.MAIN
+    # the partner test's p-value holds for any batch: its last partial batch trains too
+    for epoch in (0, 3):
+        assert not srem.plan(srem.Settings(division="partner"), epoch).drop_remainder
 
 
 def test_logits_of_each_head():
