@@ -87,7 +87,8 @@ def correct_labels(
       confident: ``'jsd'`` (the paper) or ``'random'``.
       exclude_self: a pair is not its own neighbour.
       vote_normalise: the votes as distributions over classes (else raw sums).
-      knn_chunk: query rows per chunk of the exact nearest-neighbour search.
+      knn_chunk: query rows per chunk of the exact nearest-neighbour search and of the
+        nearest confident pair's (Eq. 7, ``correction.modal_consistency``).
       knn_key_chunk: candidate rows per chunk of it (``None``: all at once); with it the
         search's similarity block is ``knn_chunk x knn_key_chunk``, whatever ``N``.
 
@@ -112,7 +113,7 @@ def correct_labels(
     scores = jnp.asarray(logits_image) + jnp.asarray(logits_text)
     new_image = correction.update_targets(targets_image, scores, momentum=momentum)
     new_text = correction.update_targets(targets_text, scores, momentum=momentum)
-    c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set)
+    c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set, chunk=knn_chunk)
 
     def knn(z):
         return correction.knn_cosine(

@@ -88,7 +88,8 @@ class Settings(NamedTuple):
         densest neighbourhoods, not the ones whose label is clearest: on the embedded
         data at 40% noise it selected labels 50% correct at ``s = 0.2`` (normalised:
         98%).
-      knn_chunk: query rows per chunk of the neighbour search (memory ``chunk x N``).
+      knn_chunk: query rows per chunk of the neighbour search (memory ``chunk x N``) and
+        of the nearest confident pair's (memory ``chunk x G``, the confident set).
       knn_key_chunk: candidate rows per chunk of it, or ``None`` (all ``N`` at once): the
         search's block is then ``knn_chunk x knn_key_chunk`` whatever ``N``, the same
         neighbours (``ncljax.labels.knn_cosine``).

@@ -1,5 +1,6 @@
 """Tests for ncljax.labels.correction against float64 numpy loops and hand values."""
 
+import functools
 import math
 
 import jax
@@ -362,6 +363,25 @@ def test_modal_consistency_matches_numpy():
     for kept in index[mask]:
         assert c_image[kept] == pytest.approx(1.0, abs=ATOL)
         assert c_text[kept] == pytest.approx(1.0, abs=ATOL)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 8, 29, 30, 64])
+def test_modal_consistency_in_row_chunks_matches_numpy(chunk):
+    # chunks that divide N, that leave a partial last block, of one row, and larger than N
+    rng = _rng(9)
+    z_image = rng.normal(size=(30, 5)).astype(np.float32)
+    z_text = (z_image + 0.7 * rng.normal(size=(30, 5))).astype(np.float32)
+    index = rng.choice(30, 8, replace=False)
+    mask = np.array([True, True, False, True, True, False, True, True])
+    confident = ConfidentSet(jnp.asarray(index, jnp.int32), jnp.asarray(mask))
+    fn = jax.jit(functools.partial(modal_consistency, chunk=chunk))
+    c_image, c_text = fn(z_image, z_text, confident)
+    ref_image, ref_text = np_modal_consistency(z_image, z_text, index, mask, 1e-6, 10.0)
+    np.testing.assert_allclose(c_image, ref_image, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(c_text, ref_text, atol=1e-4, rtol=1e-5)
+    whole = _modal_consistency(z_image, z_text, confident)  # the one block: to round-off
+    np.testing.assert_allclose(c_image, whole[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c_text, whole[1], rtol=1e-5, atol=1e-6)
 
 
 def test_modal_consistency_no_valid_slot_is_neutral():
