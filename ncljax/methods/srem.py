@@ -72,7 +72,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ncljax import losses
 from ncljax.labels import share as share_lib
 from ncljax.labels import srem as selection
 from ncljax.losses import srem as srem_losses
@@ -224,7 +223,8 @@ class Settings(NamedTuple):
         indicator, Eqs. 5-6 as printed) [inferred] or ``'loss_direction'`` (the entropy is
         swapped, the indicator is the loss's own).
       gradient_weighting: swapped gradient weighting; ``False`` is the paper's "without
-        gradient weighting" ablation (``omega = 1``).
+        gradient weighting" ablation (``omega = 1``); it weights the hinge,
+        so with ``ranking='contrastive'`` ``omega = 1`` too.
       clean_set: ``'per_direction'`` [inferred], ``'and'`` or ``'or'`` of the two splits.
       warmup_epochs: epochs of complementary learning alone [paper: 5].
       warmup_lambda2: multiply the warm-up loss by ``lambda2`` [inferred: no; unstated].
@@ -806,7 +806,8 @@ def srem_loss(
         ``'matmul_PQ'`` or ``'matmul_QtP'`` (literal Eq. 12 readings with the biased ``Q``).
       sgw_indicator: ``'literal'`` or ``'loss_direction'`` (see
         ``ncljax.labels.srem.swap_weights``).
-      gradient_weighting: swapped gradient weighting; ``False``: :math:`\omega \equiv 1`.
+      gradient_weighting: swapped gradient weighting of the hinge; ``False``, or
+        ``ranking='contrastive'``: :math:`\omega \equiv 1`.
       clean_set: ``'per_direction'``, ``'and'`` or ``'or'``.
       warmup_lambda2: multiply the warm-up loss by :math:`\lambda_2`.
       fallback: a degenerate division trains the warm-up objective (see above; static).
@@ -848,7 +849,9 @@ def srem_loss(
         per_direction["threshold"],
         margin=margin,
         clean_set=clean_set,
-        gradient_weighting=gradient_weighting,
+        # the swapped weights weight the hinge only: the contrastive term pulls each clean
+        # query with weight 1, and their entropies would be computed for nothing
+        gradient_weighting=gradient_weighting and ranking != "contrastive",
         sgw_indicator=sgw_indicator,
         partner_level=partner_level if division == "partner" else None,
     )
@@ -980,7 +983,9 @@ def _direction_terms(
     else:
         phi, omega = est.hard_negative, est.weight
         if contrastive:
-            nce = losses.info_nce(f, where=valid)
+            # InfoNCE of the row, -log softmax(F_i:)_i = lse_j F_ij - F_ii = -E_i - F_ii over
+            # the same real candidates: the energy's log-sum-exp, computed once
+            nce = -est.energy - jnp.diagonal(f)
             hinge = jnp.where(used, nce, 0.0)
         else:
             hinge = srem_losses.weighted_hinge_loss(
@@ -993,7 +998,11 @@ def _direction_terms(
             pull = jnp.where(used, 1.0, 0.0).astype(f.dtype)
         else:
             pull = selection.positive_pull(est.score, phi, omega, used, margin)
-        share = 0.5 * hinge + lambda1 * energy_loss + lambda2 * comp
+        share = 0.5 * hinge + lambda2 * comp
+        if not (isinstance(lambda1, int | float) and lambda1 == 0):
+            # a Python weight of 0 (the :vectors setting) skips the term and its gradient;
+            # the energy loss is still reported
+            share = share + lambda1 * energy_loss
         if fallback:
             hinge, energy_loss, pull = (
                 jnp.where(degenerate, 0.0, v) for v in (hinge, energy_loss, pull)

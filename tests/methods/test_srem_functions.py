@@ -290,6 +290,26 @@ def test_the_partner_test_with_the_contrastive_term_against_numpy():
         np.testing.assert_array_equal(views[d].pull, clean.astype(np.float32))
     assert not bool(views["i2t"].clean[1])
     assert float(loss[7]) == 0.0
+    # the swapped weights weight the hinge only: with the contrastive term they are 1
+    for d in ("i2t", "t2i"):
+        np.testing.assert_array_equal(views[d].weight, np.ones(8, np.float32))
+
+
+def test_a_python_zero_energy_weight_skips_the_term_with_the_same_loss_and_gradient():
+    """``lambda1=0`` (the :vectors setting) leaves the energy-bounded loss out of the
+    objective; a traced 0 keeps it at weight 0: the same values and gradients."""
+    logits = jnp.asarray(_logits(b=8, seed=9))
+    kwargs = dict(division="partner", ranking="contrastive", fallback=True)
+
+    def total(f, lambda1):
+        return srem.srem_loss(f, lambda1=lambda1, **kwargs)[0].sum()
+
+    skipped = jax.value_and_grad(total)(logits, 0.0)
+    traced = jax.jit(jax.value_and_grad(total))(logits, jnp.float32(0.0))
+    np.testing.assert_allclose(skipped[0], traced[0], rtol=1e-6)
+    np.testing.assert_allclose(skipped[1], traced[1], rtol=1e-5, atol=1e-7)
+    energy = srem.srem_loss(logits, lambda1=0.0, **kwargs)[1]["i2t"].energy_loss
+    assert np.all(np.isfinite(np.asarray(energy)))  # still reported
 
 
 def test_a_batch_the_partner_test_keeps_whole_trains_the_main_objective():
