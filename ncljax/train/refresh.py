@@ -18,7 +18,7 @@ from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
 
 
-def _write_network(memory, k: int, value):
+def _write_network(memory, k, value):
     """``memory`` with network ``k``'s slice set to ``value`` (``memory`` donated: written
     in place)."""
     return state_lib.set_network(memory, k, value)
@@ -63,11 +63,8 @@ class Refresher:
             self._scatter = jax.jit(
                 _scatter_stats, donate_argnums=0, out_shardings=mesh_lib.replicated(mesh)
             )
-        self._write = jax.jit(
-            _write_network,
-            static_argnums=1,
-            donate_argnums=0,
-            out_shardings=mesh_lib.replicated(mesh),
+        self._write = jax.jit(  # one program for every network (k is traced)
+            _write_network, donate_argnums=0, out_shardings=mesh_lib.replicated(mesh)
         )
 
     def _collect_stats(self, state, epoch: int):
@@ -129,7 +126,7 @@ class Refresher:
             _check_rows(memory, new, k)
             # one network's new rows at a time, into the old memory's buffers: the refresh
             # holds the memory once plus a network's rows, not old + new + their stack
-            memory = self._write(memory, k, mesh_lib.replicate(new, self._mesh))
+            memory = self._write(memory, np.int32(k), mesh_lib.replicate(new, self._mesh))
             del new
             suffix = f"_net{k}" if num_networks > 1 else ""
             diagnostics.update({f"{name}{suffix}": float(v) for name, v in diag.items()})
