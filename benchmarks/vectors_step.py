@@ -267,7 +267,8 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         tic = time.perf_counter()
         compiled = step.lower(state, batches, spec, clean, network).compile()
         compile_s = time.perf_counter() - tic
-        flops = Program(compiled.as_text()).flops()
+        program = Program(compiled.as_text())
+        flops = program.flops()
         points = {batch_size: flops}
         if args.split and batch_size % (4 * jax.device_count()) == 0:
             for b in (batch_size // 2, batch_size // 4):
@@ -308,7 +309,7 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         "gflop": total / 1e9,
         "gflop_matmul": flops.get("matmul", 0.0) / 1e9,
         "gflops_achieved": total / t / 1e9,
-        "gb_traffic": Program(compiled.as_text()).traffic() / 1e9,
+        "gb_traffic": program.traffic() / 1e9,
         "memory_args_gib": memory.argument_size_in_bytes / 2**30,
         "memory_temp_gib": memory.temp_size_in_bytes / 2**30,
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

@@ -337,8 +337,8 @@ def modal_consistency(
     both ratios are 1 (the unweighted vote of Eq. 8). Memory: two ``[N, |G|]``
     similarity blocks (``32000 * 1000`` floats = 128 MB each for XMediaNet; 40 GB each at
     ``10^7`` pairs), or with ``chunk`` two ``[chunk, |G|]`` blocks whatever ``N``: the
-    rows are searched ``chunk`` at a time (padded, ``lax.map``), each row's search the
-    same as in the one block.
+    rows are searched ``chunk`` at a time (``lax.map``'s ``batch_size``), each row's
+    search the same as in the one block.
 
     Args:
       z_image: ``[N, D]`` image embeddings :math:`z^v` (normalised inside).
@@ -361,27 +361,21 @@ def modal_consistency(
     any_valid = jnp.any(mask)
 
     def ratio(sim_same, sim_other):
-        nearest = jnp.argmax(jnp.where(mask[None, :], sim_same, -jnp.inf), axis=-1)
-        num = jnp.take_along_axis(sim_same, nearest[:, None], axis=-1)[:, 0]
-        den = jnp.take_along_axis(sim_other, nearest[:, None], axis=-1)[:, 0]
-        value = jnp.clip(num / jnp.maximum(den, den_floor), 0.0, ratio_max)
-        return jnp.where(any_valid, value, jnp.ones_like(value))
+        nearest = jnp.argmax(jnp.where(mask, sim_same, -jnp.inf))
+        value = jnp.clip(
+            sim_same[nearest] / jnp.maximum(sim_other[nearest], den_floor), 0.0, ratio_max
+        )
+        return jnp.where(any_valid, value, 1.0)
 
-    def block(rows):
-        rows_image, rows_text = rows
-        sim_image = jnp.matmul(rows_image, anchors_image.T, precision=_HIGHEST)
-        sim_text = jnp.matmul(rows_text, anchors_text.T, precision=_HIGHEST)
+    def row(pair):  # one pair's search: its similarity to every anchor, [G] per modality
+        image_row, text_row = pair
+        sim_image = jnp.matmul(anchors_image, image_row, precision=_HIGHEST)
+        sim_text = jnp.matmul(anchors_text, text_row, precision=_HIGHEST)
         return ratio(sim_image, sim_text), ratio(sim_text, sim_image)
 
-    num_samples = image.shape[0]
-    if chunk is None or chunk >= num_samples:
-        return block((image, text))
-    chunk = max(1, chunk)
-    num_chunks = -(-num_samples // chunk)
-    pad = ((0, num_chunks * chunk - num_samples), (0, 0))
-    blocks = tuple(jnp.pad(z, pad).reshape(num_chunks, chunk, -1) for z in (image, text))
-    c_image, c_text = lax.map(block, blocks)
-    return c_image.reshape(-1)[:num_samples], c_text.reshape(-1)[:num_samples]
+    if chunk is None:
+        return jax.vmap(row)((image, text))
+    return lax.map(row, (image, text), batch_size=max(1, chunk))
 
 
 def _neighbour_vote(index: jax.Array, similarity: jax.Array, targets: jax.Array) -> jax.Array:
