@@ -7,7 +7,8 @@ small. ``program_flops`` walks the compiled HLO text instead: every ``dot`` cost
 ``2 x prod(output) x prod(contracted dims)``, every other array instruction one FLOP
 per output element (elementwise work), a loop body counts ``known_trip_count`` times,
 and a conditional's branches count with the given weights (the fraction of the loop's
-iterations that take each; default: the most expensive branch every time).
+iterations that take each; default: the most expensive branch every time; ``'cheapest'``:
+the least expensive, e.g. a step whose conds skip a term no pair needs).
 
 ``profile_by_kind`` runs the step under ``jax.profiler`` and adds up the time of every
 executed HLO instruction (the CPU and GPU runtimes name their events after them),
@@ -35,6 +36,18 @@ _ARRAY = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
 _ARRAYS = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([0-9,]*)\]")
 _BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
 _GRU = re.compile(r"(^|[/(])gru([/)]|$)")
+def _weights(branch_weights, costs: list[float]) -> list[float]:
+    """Each branch's weight: ``branch_weights[len(costs)]``, or all on the costliest branch
+    (the default) or on the cheapest (``branch_weights='cheapest'``)."""
+    if branch_weights != "cheapest":
+        weights = (branch_weights or {}).get(len(costs))
+        if weights is not None:
+            return list(weights)
+    pick = min(costs) if branch_weights == "cheapest" else max(costs)
+    first = costs.index(pick)
+    return [float(i == first) for i in range(len(costs))]
+
+
 _CONTROL = {"while", "conditional", "call", "tuple", "get-tuple-element", "parameter"}
 _NORM_OPS = {"exponential", "log", "sqrt", "rsqrt", "divide", "reduce", "logistic", "tanh"}
 _FREE_OPS = _CONTROL | {"constant", "bitcast", "after-all", "partition-id", "replica-id"}
@@ -134,10 +147,7 @@ class Program:
                     total[k] += n * v
             elif ins.op == "conditional":
                 branches = [self.cost(b, branch_weights, memo) for b in ins.callees()]
-                weights = (branch_weights or {}).get(len(branches))
-                if weights is None:
-                    best = max(branches, key=lambda c: sum(c.values()))
-                    weights = [float(b is best) for b in branches]
+                weights = _weights(branch_weights, [sum(c.values()) for c in branches])
                 for w, c in zip(weights, branches, strict=True):
                     for k, v in c.items():
                         total[k] += w * v
@@ -175,10 +185,7 @@ class Program:
                 total += n * self.traffic(body, branch_weights, memo)
             elif ins.op == "conditional":
                 branches = [self.traffic(b, branch_weights, memo) for b in ins.callees()]
-                weights = (branch_weights or {}).get(len(branches))
-                if weights is None:
-                    weights = [float(b == max(branches)) for b in branches]
-                    weights = [w / sum(weights) for w in weights]
+                weights = _weights(branch_weights, branches)
                 total += sum(w * b for w, b in zip(weights, branches, strict=True))
             elif ins.op == "call":
                 for callee in ins.callees():

@@ -54,7 +54,8 @@ Columns:
 * ``ms at peak``: the step's FLOPs at the peak rate, the roofline's compute bound;
 * ``GB/step``, ``ms at bandwidth``: the bytes the compiled program moves through memory
   (``_hlo.Program.traffic``: each executed kernel reads its operands and writes its
-  outputs once, loops times their trip counts; a lower bound) and that traffic at the
+  outputs once, loops times their trip counts, each conditional at its costliest branch
+  or, ``--branches=cheapest``, its cheapest; a lower bound) and that traffic at the
   measured bandwidth (a STREAM triad ``x * s + y`` over ``--stream-size`` float32
   elements, in the ``peak`` case), the roofline's memory bound;
 * ``of roofline``: the larger of the two bounds over the measured step;
@@ -268,7 +269,8 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         compiled = step.lower(state, batches, spec, clean, network).compile()
         compile_s = time.perf_counter() - tic
         program = Program(compiled.as_text())
-        flops = program.flops()
+        branches = None if args.branches == "costliest" else args.branches
+        flops = program.flops(branches)
         points = {batch_size: flops}
         if args.split and batch_size % (4 * jax.device_count()) == 0:
             for b in (batch_size // 2, batch_size // 4):
@@ -279,7 +281,7 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
                     batches,
                 )
                 lowered = step.lower(state, shapes, spec, clean, network)
-                points[b] = Program(lowered.compile().as_text()).flops()
+                points[b] = Program(lowered.compile().as_text()).flops(branches)
         memory = compiled.memory_analysis()
         holder = [state]
 
@@ -298,6 +300,7 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         "trained_networks": info["trained"],
         "epoch": info["epoch"],
         "at_step": args.at_step,
+        "branches": args.branches,
         "spec": info["spec"]._asdict(),
         "streams": info["streams"],
         "real_pairs": info["real_pairs"],
@@ -309,7 +312,7 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         "gflop": total / 1e9,
         "gflop_matmul": flops.get("matmul", 0.0) / 1e9,
         "gflops_achieved": total / t / 1e9,
-        "gb_traffic": program.traffic() / 1e9,
+        "gb_traffic": program.traffic(branch_weights=branches) / 1e9,
         "memory_args_gib": memory.argument_size_in_bytes / 2**30,
         "memory_temp_gib": memory.temp_size_in_bytes / 2**30,
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -397,6 +400,14 @@ def main():
         help="the optimisation step the state starts at (0: a fresh run's); UGNCL's "
         "hard-negative count anneals with it, to its floor after about 600 steps",
     )
+    parser.add_argument(
+        "--branches",
+        choices=("costliest", "cheapest"),
+        default="costliest",
+        help="which branch of each conditional the FLOP and byte counts take (the step "
+        "runs one; 'cheapest': e.g. UGNCL's warm-up objective skipped once a division is "
+        "usable and its hard-negative count at its floor)",
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--peak-size", type=int, default=4096, help="of the peak's matmul")
     parser.add_argument(
@@ -439,6 +450,7 @@ def main():
             f"--peak-size={args.peak_size}",
             f"--stream-size={args.stream_size}",
             f"--at-step={args.at_step}",
+            f"--branches={args.branches}",
             *([] if args.split else ["--no-split"]),
         ]
 

@@ -36,6 +36,8 @@ def test_conditional_branches_count_with_their_weights():
     short, full = 2 * 8 * 64 * 16, 2 * 8 * 64 * 64
     assert program.flops()["matmul"] == 4 * full  # default: the costliest branch
     assert program.flops({2: [0.75, 0.25]})["matmul"] == 4 * (0.75 * short + 0.25 * full)
+    assert program.flops("cheapest")["matmul"] == 4 * short
+    assert program.traffic("cheapest") < program.traffic()
 
 
 def test_traffic_counts_each_kernels_operands_and_outputs_once():

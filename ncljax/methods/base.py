@@ -165,6 +165,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 WARMUP, MAIN = 0, 1  # the phases of a method with a warm-up (EpochPlan.phase)
 STATS = -1  # the forward of the statistics pass before a refresh, never a train step
@@ -215,6 +216,9 @@ class LossContext(NamedTuple):
       peer_rows: the peer's memory rows gathered at each of ``batches`` (aligned).
       memory_state: this network's ``Memory.state`` (e.g. SREM's division in use), or
         ``None`` outside a train step.
+      network_axis: the name of the ``vmap`` axis the networks train together under
+        (:data:`NETWORK_AXIS`), or ``None`` (one network at a time: in turn, or outside
+        the trainer). :func:`any_network` reads it.
     """
 
     step: Array
@@ -228,6 +232,61 @@ class LossContext(NamedTuple):
     batches: tuple = ()
     peer_rows: tuple = ()
     memory_state: PyTree = None
+    network_axis: str | None = None
+
+
+# The axis name of the trainer's vmap over the networks that train together.
+NETWORK_AXIS = "networks"
+
+
+def any_network(flag: Array, ctx: LossContext) -> Array:
+    """Whether ``flag`` holds anywhere: over all its elements and, under the trainer's vmap
+    over networks, over every network. The result is one unbatched boolean, so a
+    ``jax.lax.cond`` on it stays a branch under that vmap (a batched predicate would turn
+    the cond into a select that computes both sides): a loss can skip a term that no pair
+    of the step needs, e.g. a fallback objective once a division is usable."""
+    flag = jnp.any(flag)
+    if ctx.network_axis is not None:
+        flag = jax.lax.psum(flag.astype(jnp.int32), ctx.network_axis) > 0
+    return flag
+
+
+def compute_if(pred: Array, fn: Callable, args: tuple, consts: tuple = ()) -> PyTree:
+    """``fn(*args, *consts)`` where ``pred`` holds, zeros of its shapes where it does not,
+    differentiable in ``args`` (not in ``consts``), computed in neither the forward nor the
+    backward pass where ``pred`` is false.
+
+    A plain ``jax.lax.cond`` inside the trainer's gradient still costs a skipped branch
+    most of its price: reverse mode splits the cond, and the skipped side writes zeros for
+    every intermediate the other side keeps for its gradient (``B x B`` matrices for a
+    loss term). Here the branch keeps only its inputs, and the backward pass recomputes
+    it under the same predicate (as ``jax.checkpoint`` would, once more of ``fn``'s forward
+    where ``pred`` holds). ``pred`` must be one unbatched boolean (:func:`any_network`)."""
+
+    def zeros(*a):
+        return jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, *a))
+
+    @jax.custom_vjp
+    def run(pred, consts, *a):
+        return jax.lax.cond(pred, fn, zeros, *a, *consts)
+
+    def forward(pred, consts, *a):
+        return run(pred, consts, *a), (pred, consts, a)
+
+    def backward(residuals, cotangent):
+        pred, consts, a = residuals
+
+        def grads(a, cotangent):
+            return jax.vjp(lambda *x: fn(*x, *consts), *a)[1](cotangent)
+
+        def none(a, cotangent):
+            del cotangent
+            return jax.tree.map(jnp.zeros_like, a)
+
+        return (None, None, *jax.lax.cond(pred, grads, none, a, cotangent))
+
+    run.defvjp(forward, backward)
+    return run(pred, tuple(consts), *args)
 
 
 class RefreshContext(NamedTuple):

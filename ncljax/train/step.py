@@ -38,7 +38,7 @@ import optax
 from flax import nnx
 
 from ncljax import masking
-from ncljax.methods.base import Aux, LossContext, Memory, Method
+from ncljax.methods.base import NETWORK_AXIS, Aux, LossContext, Memory, Method
 from ncljax.train import state as state_lib
 from ncljax.train.state import TrainState
 
@@ -220,8 +220,14 @@ class _Step:
             peer_ks = (jnp.arange(num_networks) + 1) % num_networks
             vmapped = jax.vmap(
                 lambda net, models, peer_k, key, k, own: step_fn(
-                    net, (*models, samples, peer_k), key, k, own=(own, None)
-                )
+                    net,
+                    (*models, samples, peer_k),
+                    key,
+                    k,
+                    own=(own, None),
+                    network_axis=NETWORK_AXIS,
+                ),
+                axis_name=NETWORK_AXIS,
             )
             (params, model_state, opt_state, samples), ok, metrics = vmapped(
                 net, models, peer_ks, keys, jnp.arange(num_networks), samples
@@ -244,7 +250,9 @@ class _Step:
         )
         return new, metrics
 
-    def network_step(self, net, peer, key, network, batches, spec, ctx, clean, own):
+    def network_step(
+        self, net, peer, key, network, batches, spec, ctx, clean, own, network_axis=None
+    ):
         """One network's updates. ``net``: (params, model_state, opt_state, memory_state);
         ``peer``: (params, model_state, stacked samples, index) of its peer; ``own``: this
         network's samples, ``(samples [N, ...], None)`` or ``(stacked [K, N, ...], k)``.
@@ -258,6 +266,7 @@ class _Step:
             batches=batches,
             peer_rows=peer_rows,
             memory_state=memory_state,
+            network_axis=network_axis,
         )
         ctx = ctx._replace(
             prepared=self.prepare(params, model_state, peer_params, peer_model_state, batches, ctx)

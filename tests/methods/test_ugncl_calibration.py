@@ -231,3 +231,36 @@ def test_refresh_is_finite_on_a_large_training_set():
         assert np.isfinite(np.asarray(new.samples[key])).all()
     assert diag["division_fallback"] == 0.0
     assert jax.tree.leaves(new.samples)[0].shape == (n,)
+
+
+def test_the_warm_up_objective_runs_only_where_a_pair_falls_back():
+    """Two networks under the trainer's named vmap: one whose memory has no usable
+    division (the warm-up objective), one divided (the main objective only). The
+    fallback's test is one unbatched predicate, so the warm-up objective is a real
+    branch (``cond``), not a select that computes it for every step."""
+    method = methods.build_method("ugncl")
+    memory = _memory(method)
+    bad = {**_stats(1), "soft_label": jnp.full(N, 0.01)}
+    first, _ = method.refresh_fn(memory, bad, _ctx_refresh(2))
+    good, _ = method.refresh_fn(first, _stats(1), _ctx_refresh(3))
+    rows = [{k: v[:7] for k, v in m.samples.items()} for m in (first, good)]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *rows)
+    raw, step = _raw(2), 40
+    ctx = _ctx(base.MAIN, step)._replace(network_axis=base.NETWORK_AXIS)
+
+    def one(r, m):
+        loss, aux = method.loss_fn({"logit": r}, {"mask": MASK}, m, m, ctx)
+        return loss, aux.metrics["division_fallback"]
+
+    both = jax.vmap(one, axis_name=base.NETWORK_AXIS)
+    raws = jnp.stack([raw, raw])
+    loss, fallback = jax.jit(both)(raws, stacked)
+    np.testing.assert_allclose(loss[0], _warmup_loss(raw, step), rtol=1e-6)
+    np.testing.assert_allclose(loss[1], _loss(method, raw, rows[1], step)[0], rtol=1e-6)
+    np.testing.assert_array_equal(fallback[:, 0], [1.0, 0.0])
+    # Both divided: the same main objective for each, and the warm-up objective a branch.
+    divided = jax.tree.map(lambda *a: jnp.stack(a), rows[1], rows[1])
+    loss, _ = jax.jit(both)(raws, divided)
+    np.testing.assert_allclose(loss, loss[1::-1], rtol=0)
+    np.testing.assert_allclose(loss[0], _loss(method, raw, rows[1], step)[0], rtol=1e-6)
+    assert " cond[" in str(jax.make_jaxpr(both)(raws, divided))
