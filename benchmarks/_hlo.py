@@ -36,6 +36,8 @@ _ARRAY = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
 _ARRAYS = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128)\[([0-9,]*)\]")
 _BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
 _GRU = re.compile(r"(^|[/(])gru([/)]|$)")
+
+
 def _weights(branch_weights, costs: list[float]) -> list[float]:
     """Each branch's weight: ``branch_weights[len(costs)]``, or all on the costliest branch
     (the default) or on the cheapest (``branch_weights='cheapest'``)."""
