@@ -83,7 +83,9 @@ setting is followed from its config field to the code it changes by its name
 Epochs as plans
 ---------------
 An epoch is a sequence of passes. In a *together* pass (``in_turn=False``; GSC+ and the
-baselines) every network steps on the same batch under ``jax.vmap``. In an *in-turn*
+baselines) every network steps on the same batch under ``jax.vmap`` (its axis named
+:data:`NETWORK_AXIS`: a loss skips a term no pair of any network needs with
+:func:`any_network` and :func:`compute_if`, a real branch rather than a select). In an *in-turn*
 pass (``in_turn=True``; NCR, PC2: the official semantics) network 0 walks its streams
 while every other network is frozen (parameters, statistics, optimiser state, memory),
 then network 1 walks its own against network 0's end-of-pass state, and so on; the

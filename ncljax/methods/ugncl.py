@@ -93,6 +93,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ncljax import evidence, losses
+from ncljax import labels as labels_lib
+from ncljax.labels import share as share_lib
 from ncljax.labels import ugncl as division
 from ncljax.losses import evidential
 from ncljax.methods import base, settings
@@ -180,6 +182,26 @@ class Settings(NamedTuple):
         (1). Online, a degenerate batch division trains that batch on the warm-up
         objective (the step metric ``division_fallback``).
 
+      noise_share: ``'none'`` (the paper) or ``'partner'`` (ncljax's; the ``:vectors``
+        config): the statistics pass also gives each pair's in-batch partner p-value of
+        the views' pooled evidence (``ncljax.labels.srem.partner_p_value``, image to
+        caption), and a refresh switches the division off (every pair determined-clean,
+        target 1) where the share of mismatched pairs they bound
+        (``ncljax.labels.noise_share``) is below ``noise_floor``, the validation split
+        agrees (``ncljax.labels.share.switch_off``) and **a divided epoch did not raise
+        it**: the bound was below the floor at every refresh before, with the division
+        on since the last, and is not above it now. UGNCL's warm-up learns the mismatched
+        pairs before its first division (the bound read 0.017 on the MNIST halves at 20%
+        mismatched, 0.002-0.024 on clean folders), so a low bound alone proves nothing;
+        an epoch that trains them as non-matches puts their captions back at chance in
+        their batches and the bound rises (0.017, 0.026, 0.052 there), while on a clean
+        folder nothing can rise (0.005, 0.005, ... on the digits halves). A bound that
+        once reached the floor keeps the division on for the run: a lower one later may
+        be the network learning the lying pairs (on the MNIST halves at 60% mismatched,
+        0.067 at the first division, 0.013 eight epochs later). Once off, the division
+        stays off while the bound stays below the floor.
+      noise_floor: that floor (0.05).
+
     The factory also takes ``model_config``, the run's ``model`` config section (given by
     the trainer, not a hyperparameter): the head decides what ``R`` is at evaluation.
     """
@@ -207,6 +229,8 @@ class Settings(NamedTuple):
     cosine_temperature: float = 0.1
     cosine_shift: float = 0.2
     calibration: str = "data"
+    noise_share: str = "none"
+    noise_floor: float = 0.05
 
 
 _CHOICES = {
@@ -218,12 +242,13 @@ _CHOICES = {
     "edl_target": division.EDL_TARGETS,
     "edl_view_aggregation": evidential.EDL_VIEW_AGGREGATIONS,
     "calibration": CALIBRATIONS,
+    "noise_share": share_lib.MODES,
 }
 # The rule of each setting (``settings.check``), in the order its messages are joined.
 CHECKS = {name: settings.one_of(*allowed) for name, allowed in _CHOICES.items()}
 CHECKS |= dict.fromkeys(("tau", "sharpness", "cosine_temperature"), settings.POSITIVE)
 CHECKS |= dict.fromkeys(("xi1", "xi2", "gamma", "delta"), settings.NON_NEGATIVE)
-CHECKS |= dict.fromkeys(("threshold", "epsilon"), settings.UNIT_INTERVAL)
+CHECKS |= dict.fromkeys(("threshold", "epsilon", "noise_floor"), settings.UNIT_INTERVAL)
 CHECKS |= dict.fromkeys(("lambda_start", "theta"), settings.POSITIVE_INT)
 CHECKS |= {
     "curve": settings.greater_than(1),
@@ -250,6 +275,18 @@ class StepDivision(NamedTuple):
     soft_label: jax.Array
     prediction: jax.Array
     fallback: jax.Array | None
+
+
+def validate(values) -> None:
+    """Refuses ``noise_share='partner'`` with the online division (its p-values come from
+    the statistics pass over the training set)."""
+    settings.require(
+        values["noise_share"] == "none" or values["division_cadence"] == "epoch",
+        "ugncl",
+        "noise_share",
+        "'none' unless division_cadence='epoch' (the statistics pass gives its p-values)",
+        values["noise_share"],
+    )
 
 
 def check_model(model_config) -> None:
@@ -327,8 +364,8 @@ def scores(s: Settings, outputs) -> tuple[jax.Array, jax.Array]:
 
 def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     """Per pair: no division yet (every pair hard-noisy, ``u = 1``), and the warm-up
-    objective until a division is usable (``fallback_warmup``)."""
-    del s
+    objective until a division is usable (``fallback_warmup``); with
+    ``noise_share='partner'`` the state of the switch."""
     n = ctx.num_samples
     samples = {
         "uncertainty": jnp.ones(n, jnp.float32),
@@ -341,7 +378,16 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
         # 1 until a division was usable: the fallback trains the warm-up objective.
         "fallback_warmup": jnp.ones(n, jnp.float32),
     }
-    return base.Memory(samples=samples, state={})
+    state = {}
+    if s.noise_share == "partner":
+        # the last refresh's bound on the mismatched share (1: none yet), the highest
+        # (0: none yet) and whether the division was off after the last refresh
+        state = {
+            "noise_bound": jnp.ones((), jnp.float32),
+            "noise_bound_max": jnp.zeros((), jnp.float32),
+            "division_off": jnp.zeros((), jnp.float32),
+        }
+    return base.Memory(samples=samples, state=state)
 
 
 def signal_rows(signals) -> dict[str, jax.Array]:
@@ -366,9 +412,15 @@ def division_rows(codes, u, q, fallback) -> dict[str, jax.Array]:
 
 
 def stats(s: Settings, outputs, batch) -> dict[str, jax.Array]:
-    """The statistics pass's rows (``division_cadence='epoch'``): the division's signals."""
+    """The statistics pass's rows (``division_cadence='epoch'``): the division's signals,
+    and the partner p-value with ``noise_share='partner'``."""
     raw, _ = scores(s, outputs)
-    return signal_rows(division_signals(s, log_evidence(s, raw), where=batch["mask"]))
+    log_e = log_evidence(s, raw)
+    rows = signal_rows(division_signals(s, log_e, where=batch["mask"]))
+    if s.noise_share == "partner":  # the views pooled as at evaluation (a log-sum-exp)
+        pooled = jax.nn.logsumexp(log_e, axis=0)
+        rows["partner_p"] = labels_lib.partner_p_value(pooled, where=batch["mask"])
+    return rows
 
 
 def online_division(s: Settings, log_e, mask) -> tuple[StepDivision, dict[str, jax.Array]]:
@@ -510,13 +562,21 @@ def warn_degenerate(s: Settings, epoch: int, fractions: dict, samples) -> None:
 def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, dict]:
     """Divides the training set from the statistics pass (``stats``; ``None`` online) and
     keeps the division when it is usable, else the previous one (warns: fallback)."""
-    samples = dict(memory.samples)
-    fallback = False
+    samples, state = dict(memory.samples), dict(memory.state)
+    fallback, extra = False, {}
     if stats is not None:
+        stats = dict(stats)
+        off = False
+        if s.noise_share == "partner":
+            off, state, extra = _switch(s, stats.pop("partner_p"), state, ctx)
         prediction = stats["prediction"] > 0.5
         codes, u, q, bad = _divide_jit(s, stats["uncertainty"], prediction, stats["soft_label"])
-        fallback = bool(bad)
-        if fallback:
+        fallback = bool(bad) and not off
+        if off:  # next to no mismatched pair: every pair determined-clean
+            clean = jnp.full_like(codes, division.CLEAN)
+            zeros = jnp.zeros_like(u)
+            samples.update(dict(stats) | division_rows(clean, zeros, zeros + 1.0, zeros))
+        elif fallback:
             warn_degenerate(s, ctx.epoch, _fractions(codes), samples)
         else:
             samples.update(dict(stats) | division_rows(codes, u, q, jnp.zeros_like(u)))
@@ -526,7 +586,29 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
     diagnostics["division_uncertainty_mean"] = float(u.mean())
     diagnostics["division_fallback"] = float(fallback)
     diagnostics["division_warmup"] = float(np.asarray(samples["fallback_warmup"]).mean())
-    return base.Memory(samples=samples, state=memory.state), diagnostics
+    diagnostics |= extra
+    return base.Memory(samples=samples, state=state), diagnostics
+
+
+def _switch(s: Settings, partner_p, state: dict, ctx) -> tuple[bool, dict, dict]:
+    """``noise_share='partner'``: whether the division is off for the coming epoch, the
+    switch's new state and its diagnostics (see :class:`Settings`)."""
+    share = labels_lib.noise_share(partner_p)
+    bound, before = float(share.bound), float(state["noise_bound"])
+    highest = max(bound, float(state["noise_bound_max"]))
+    was_off = float(state["division_off"]) > 0.5
+    # off: below the floor now and at every refresh before (a bound that reached it showed
+    # lying pairs; a lower one later may be the network learning them), and, unless
+    # already off, a divided epoch since the last refresh did not raise it
+    off, held = False, None
+    if highest < s.noise_floor and before < s.noise_floor and (was_off or bound <= before):
+        off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
+    state = {
+        "noise_bound": jnp.float32(bound),
+        "noise_bound_max": jnp.float32(highest),
+        "division_off": jnp.float32(off),
+    }
+    return off, state, labels_lib.share_diagnostics(share, off, held)
 
 
 def plan_problems(s: Settings, name: str, epochs: int) -> list[str]:
@@ -677,5 +759,11 @@ def bind(s: Settings, model_config=None) -> base.Method:
 
 
 ugncl = settings.factory(
-    "ugncl", Settings, CHECKS, bind, model_fields=("views",), plan_problems=plan_problems
+    "ugncl",
+    Settings,
+    CHECKS,
+    bind,
+    validate=validate,
+    model_fields=("views",),
+    plan_problems=plan_problems,
 )
