@@ -474,7 +474,7 @@ def main_loss(s: Settings, log_e, sim, lam, rows, mask, warm_fn, metrics, ctx):
 
     ``warm_fn`` and its gradient run only in a step where some pair falls back
     (``base.any_network``, ``base.compute_if``): once a division is usable no pair does,
-    and the warm-up objective would cost a fifth of the step (235.8 against 296.5 ms at
+    and the warm-up objective would cost a fifth of the step (239.2 against 292.2 ms at
     batch 1024, ``benchmarks/vectors_step.py``)."""
     if s.division_cadence == "online":
         d, memory = online_division(s, log_e, mask)
@@ -497,7 +497,6 @@ def main_loss(s: Settings, log_e, sim, lam, rows, mask, warm_fn, metrics, ctx):
     )
     if d.fallback is not None:  # no usable division yet: the warm-up objective
         fallback = d.fallback & (mask > 0)
-
         warm_shares, warm_terms = base.compute_if(
             base.any_network(fallback, ctx), warm_fn, (log_e, sim), (lam, mask)
         )
@@ -599,7 +598,8 @@ def _switch(s: Settings, partner_p, state: dict, ctx) -> tuple[bool, dict, dict]
     was_off = float(state["division_off"]) > 0.5
     # off: below the floor now and at every refresh before (a bound that reached it showed
     # lying pairs; a lower one later may be the network learning them), and, unless
-    # already off, a divided epoch since the last refresh did not raise it
+    # already off, a divided epoch since the last refresh did not raise it (``before``
+    # is 1 until a first bound: the first refresh always divides)
     off, held = False, None
     if highest < s.noise_floor and before < s.noise_floor and (was_off or bound <= before):
         off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
