@@ -131,6 +131,8 @@ def test_the_record_names_the_final_checkpoint(runs, monkeypatch):
     # NCR's score): the record says so and what to use.
     caveat = ugncl.verdict(ugncl.Settings()).caveat
     assert "UGNCL's belief was weak" in caveat and "gsc.py:vectors" in caveat
+    # measured with the trusted robust loss: the contrastive form (:vectors) has no caveat
+    assert ugncl.verdict(ugncl.Settings(ranking="contrastive")).caveat == ""
     with_caveat = coteaching.verdict
     monkeypatch.setattr(coteaching, "verdict", lambda s: with_caveat(s)._replace(caveat=caveat))
     audit.audit(workdir)

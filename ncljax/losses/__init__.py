@@ -18,6 +18,7 @@ from ncljax.losses.evidential import (
     edl_loss,
     top_k_mean,
     trl_warmup_loss,
+    trusted_contrastive_loss,
     trusted_robust_loss,
     ugncl_loss,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "triplet_mean",
     "triplet_sum",
     "trl_warmup_loss",
+    "trusted_contrastive_loss",
     "trusted_robust_loss",
     "ugncl_loss",
     "weighted_hinge_loss",

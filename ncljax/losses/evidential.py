@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from ncljax import evidence
+from ncljax.losses.contrastive import symmetric_info_nce
 from ncljax.losses.ranking import hinge_costs
 
 _SG = jax.lax.stop_gradient
@@ -32,6 +33,7 @@ _SG = jax.lax.stop_gradient
 # pairs into and :func:`trusted_robust_loss` reads.
 CLEAN, NOISY, HARD_CLEAN, HARD_NOISY = 0, 1, 2, 3
 EDL_VIEW_AGGREGATIONS = ("per_view_mean", "dst")
+RANKINGS = ("trusted", "contrastive")
 
 
 def edl_loss(
@@ -174,6 +176,55 @@ def trl_warmup_loss(
     )
 
 
+def trusted_contrastive_loss(
+    sim: ArrayLike,
+    codes: ArrayLike | None,
+    margins: ArrayLike | None,
+    *,
+    margin: float = 0.2,
+    temperature: float = 0.07,
+    where: ArrayLike | None = None,
+) -> jax.Array:
+    r"""The trusted robust loss in contrastive form: each pair's symmetric InfoNCE weighted
+    by how far the division trusts it (ncljax's; not in the paper).
+
+    .. math::
+
+        \ell_i = t_i \, \tfrac12\big[-\log \operatorname{softmax}_j(S_{ij}/\tau)_i
+            - \log \operatorname{softmax}_j(S_{ji}/\tau)_i\big], \qquad
+        t_i = \begin{cases} 1 & i \in S_C \\ \min(\tilde\gamma_i / \gamma, 1)
+            & i \in S_H \\ 0 & i \in S_N \end{cases}
+
+    The trusted margin :math:`\tilde\gamma_i \in [0, \gamma]` of Eq. 17 becomes a weight,
+    as NCR's contrastive ranking weights its rectified labels (``ncljax.methods.ncr``): a
+    pair is pulled to its partner against every in-batch negative in proportion to the
+    trust the division gives it, instead of against its hardest negative (``S_C``) or its
+    top-``lambda`` (``S_H``). ``codes=None``: the warm-up, every weight 1.
+
+    Args:
+      sim: ``[K, K]`` similarities (rows images).
+      codes: ``[K]`` partition codes, or ``None`` (every pair weight 1).
+      margins: ``[K]`` trusted margins (``trusted_margins``; read on ``S_H``).
+      margin: :math:`\gamma`, the margins' scale.
+      temperature: :math:`\tau`.
+      where: optional bool ``[K]``, the real pairs.
+
+    Returns:
+      ``[K]``; 0 on padding.
+    """
+    sim = jnp.asarray(sim)
+    valid = jnp.ones(sim.shape[-1], bool) if where is None else jnp.asarray(where, bool)
+    per_pair = symmetric_info_nce(sim, temperature=temperature, where=valid)
+    if codes is None:
+        weight = jnp.ones_like(per_pair)
+    else:
+        codes = jnp.asarray(codes)
+        trusted = jnp.clip(_SG(jnp.asarray(margins, sim.dtype)) / margin, 0.0, 1.0)
+        hard = (codes == HARD_CLEAN) | (codes == HARD_NOISY)
+        weight = jnp.where(codes == CLEAN, 1.0, jnp.where(hard, trusted, 0.0))
+    return jnp.where(valid, weight * per_pair, 0.0)
+
+
 class UGNCLTerms(NamedTuple):
     """The parts of :func:`ugncl_loss` per pair ``[K]``: ``evidential`` (both directions,
     aggregated over views) and ``robust`` (the trusted robust loss summed over views)."""
@@ -195,6 +246,8 @@ def ugncl_loss(
     kl_weight: float = 0.1,
     robust_weight: float = 0.8,
     edl_view_aggregation: str = "per_view_mean",
+    ranking: str = "trusted",
+    temperature: float = 0.07,
     where: ArrayLike | None = None,
     max_negatives: int | None = None,
     min_negatives: int | None = None,
@@ -221,10 +274,15 @@ def ugncl_loss(
       margins: ``[K]`` trusted margins (training).
       num_negatives: :math:`\lambda` (traced int).
       warmup: the warm-up objective.
-      margin: :math:`\gamma` of the warm-up loss.
+      margin: :math:`\gamma` of the warm-up loss (and, contrastive, the trusted margins'
+        scale).
       kl_weight: :math:`\xi_1`.
       robust_weight: :math:`\xi_2`.
       edl_view_aggregation: ``'per_view_mean'`` or ``'dst'``.
+      ranking: ``'trusted'`` (Eq. 16; the warm-up's top-``lambda``) or ``'contrastive'``
+        (:func:`trusted_contrastive_loss` at ``temperature`` in both phases; ``lambda``
+        unread).
+      temperature: the contrastive form's :math:`\tau`.
       where: optional bool ``[K]``, the real pairs.
       max_negatives: a static bound on ``num_negatives`` (the schedule's start): the
         top-``lambda`` means select that many entries per row instead of sorting rows.
@@ -246,6 +304,8 @@ def ugncl_loss(
             f"edl_view_aggregation must be one of {EDL_VIEW_AGGREGATIONS}, "
             f"got {edl_view_aggregation!r}"
         )
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {RANKINGS}, got {ranking!r}")
     num_views, num = log_e_views.shape[0], log_e_views.shape[-1]
     valid = jnp.ones(num, bool) if where is None else jnp.asarray(where, bool)
     real = valid.sum()
@@ -262,7 +322,18 @@ def ugncl_loss(
     else:
         per_view = jax.vmap(both_directions)(log_e_views)
         evidential = per_view.sum(0) if warmup else per_view.mean(0)
-    if warmup:
+    if ranking == "contrastive":
+        robust = jax.vmap(
+            lambda s: trusted_contrastive_loss(
+                s,
+                None if warmup else codes,
+                None if warmup else margins,
+                margin=margin,
+                temperature=temperature,
+                where=valid,
+            )
+        )(sim_views).sum(0)
+    elif warmup:
         robust = jax.vmap(
             lambda s: trl_warmup_loss(
                 s,

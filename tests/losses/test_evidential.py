@@ -21,7 +21,14 @@ from jax.sharding import PartitionSpec as P
 
 from ncljax import evidence
 from ncljax.labels.ugncl import CLEAN, HARD_CLEAN, HARD_NOISY, NOISY
-from ncljax.losses import edl_loss, top_k_mean, trl_warmup_loss, trusted_robust_loss, ugncl_loss
+from ncljax.losses import (
+    edl_loss,
+    top_k_mean,
+    trl_warmup_loss,
+    trusted_contrastive_loss,
+    trusted_robust_loss,
+    ugncl_loss,
+)
 from tests.labels.test_ugncl import np_targets, np_trusted_margins
 from tests.test_evidence import (
     FAST_COMPILE,
@@ -126,6 +133,29 @@ def np_trl_warmup(sim, lam, margin, where):
     return out
 
 
+def np_trusted_contrastive(sim, codes, margins, where, margin=0.2, temperature=0.07):
+    """Per pair: the pair's weight (1 on S_C or in the warm-up, ``min(margin_i / gamma, 1)``
+    on the hard sets, 0 on S_N) times the mean of its image's and its caption's
+    ``-log softmax`` over the real pairs, one loop per pair."""
+    sim = np.asarray(sim, np.float64)
+    real = real_of(where)
+    out = np.zeros(len(where))
+    for i in real:
+        if codes is None or codes[i] == CLEAN:
+            weight = 1.0
+        elif codes[i] in (HARD_CLEAN, HARD_NOISY):
+            weight = min(float(margins[i]) / margin, 1.0)
+        else:
+            weight = 0.0
+        row = sim[i, real] / temperature
+        col = sim[real, i] / temperature
+        k = list(real).index(i)
+        i2t = -(row[k] - np.log(np.exp(row).sum()))
+        t2i = -(col[k] - np.log(np.exp(col).sum()))
+        out[i] = weight * 0.5 * (i2t + t2i)
+    return out
+
+
 def np_evidential(evid, y, where, kl_weight):
     """``L_edl(alpha^{i2t}_i, y_i) + L_edl(alpha^{t2i}_i, y_i)`` per pair of one evidence
     matrix (rows images), the target ``y_i`` on class ``i``."""
@@ -148,6 +178,7 @@ def np_ugncl(
     margin=0.2,
     kl_weight=0.1,
     robust_weight=0.8,
+    ranking="trusted",
 ):
     """Eq. 18: ``(total, shares, evidential, robust)`` with ``total = L_e + xi2 sum_w sum_i
     l^w_i`` and ``shares_i = L^e_i + xi2 K sum_w l^w_i`` (mean over the real pairs = total)."""
@@ -166,7 +197,11 @@ def np_ugncl(
         evidential = sum(per_view) / (1.0 if warmup else views)
     robust = np.zeros(num)
     for s in sim_views:
-        if warmup:
+        if ranking == "contrastive":
+            robust += np_trusted_contrastive(
+                s, None if warmup else codes, margins, where, margin=margin
+            )
+        elif warmup:
             robust += np_trl_warmup(s, lam, margin, where)
         else:
             robust += np_trl(s, codes, margins, lam, where)
@@ -439,6 +474,51 @@ def test_ugncl_loss_matches_oracle(warmup, aggregation, views):
         # The trainer's mean over the real pairs is L_e + xi2 sum_w sum_i l^w_i.
         np.testing.assert_allclose(np.asarray(shares)[where].mean(), total, rtol=RTOL)
         assert (np.asarray(shares)[~where] == 0).all()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_trusted_contrastive_loss_matches_oracle(masked):
+    """Each set's weight: 1 on S_C, the trusted margin over gamma on the hard sets, 0 on S_N;
+    the warm-up (no codes) weights every pair 1; padding is neither a pair nor a negative."""
+    _, sim, _, codes, margins = batch(260, 1)
+    sim = sim[0]
+    where = WHERE if masked else ALL
+    fn = jit(trusted_contrastive_loss, static_argnames=("margin", "temperature"))
+    got = fn(sim, codes, margins, where=where)
+    want = np_trusted_contrastive(sim, codes, margins, where)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-6)
+    warm = fn(sim, None, None, where=where, temperature=0.2)
+    want = np_trusted_contrastive(sim, None, None, where, temperature=0.2)
+    np.testing.assert_allclose(warm, want, rtol=RTOL, atol=1e-6)
+    # a hand-worked pair: two real pairs, cosines [[1, 0], [0, 1]], tau 1, a clean pair:
+    # each direction -log(e / (e + 1)) = log(1 + 1/e)
+    two = trusted_contrastive_loss(np.eye(2, dtype=np.float32), np.array([CLEAN, NOISY]),
+                                   np.array([0.2, 0.1], np.float32), temperature=1.0)  # fmt: skip
+    np.testing.assert_allclose(two, [np.log1p(np.exp(-1.0)), 0.0], rtol=1e-6)
+    # the trusted margins are constants: no gradient flows into them
+    grad = jax.grad(lambda m: trusted_contrastive_loss(sim, codes, m).sum())(margins)
+    assert not np.asarray(grad).any()
+
+
+@pytest.mark.parametrize("warmup", [False, True])
+def test_ugncl_loss_contrastive_ranking_matches_oracle(warmup):
+    """``ranking='contrastive'``: Eq. 18 with the contrastive form in place of Eq. 16 (the
+    evidential part unchanged), summed over views and scaled by ``xi2 K`` as the hinge."""
+    log_e, sim, labels, codes, margins = batch(270, 2)
+    for where in (ALL, WHERE):
+        shares, terms = ugncl_loss(
+            log_e, sim, labels=labels, codes=codes, margins=margins, num_negatives=3,
+            warmup=warmup, ranking="contrastive", where=where,
+        )  # fmt: skip
+        total, want, evidential, robust = np_ugncl(
+            log_e, sim, where, 3, labels, codes, margins, warmup, ranking="contrastive"
+        )
+        np.testing.assert_allclose(terms.evidential, evidential, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(terms.robust, robust, rtol=RTOL, atol=1e-6)
+        np.testing.assert_allclose(shares, want, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(np.asarray(shares)[where].mean(), total, rtol=RTOL)
+    with pytest.raises(ValueError, match="ranking"):
+        ugncl_loss(log_e, sim, warmup=True, num_negatives=3, ranking="hinge")
 
 
 def test_ugncl_loss_view_aggregation():

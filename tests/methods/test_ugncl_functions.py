@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from ncljax import losses
 from ncljax.labels import ugncl as division
 from ncljax.methods import base, ugncl
 
@@ -44,6 +45,7 @@ def test_plan_by_hand():
         plan = ugncl.plan(s, epoch)
         assert (plan.phase, plan.refresh, plan.lr_epoch, plan.selectable) == want, epoch
         assert plan.drop_remainder and plan.min_batch == 2
+        assert not ugncl.plan(s._replace(full_batches=False), epoch).drop_remainder
 
 
 def test_scores_of_each_head():
@@ -179,3 +181,32 @@ def test_bind_binds_the_settings_and_the_head():
     np.testing.assert_array_equal(method.eval_transform(x), ugncl.eval_transform(s, x, cosine=True))
     assert method.plan_fn(4) == ugncl.plan(s, 4)
     assert ugncl.bind(ugncl.Settings()).stats_fn is not None
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_objective_reads_the_ranking_setting(warmup):
+    """``ranking='contrastive'`` trains ``losses.trusted_contrastive_loss`` at
+    ``contrastive_temperature`` (weights from the division's codes and trusted margins over
+    ``gamma``) in place of the trusted robust loss; the evidential part is the same."""
+    rng = np.random.default_rng(3)
+    sim = jnp.asarray(rng.uniform(-0.3, 0.9, (2, 6, 6)), jnp.float32)
+    s = ugncl.Settings(ranking="contrastive", contrastive_temperature=0.1, gamma=0.25, xi2=0.5)
+    log_e = ugncl.log_evidence(s, (sim - s.cosine_shift) / s.cosine_temperature)
+    mask = jnp.ones(6)
+    codes = jnp.array([0, 1, 2, 3, 0, 2])
+    margins = jnp.array([0.25, 0.0, 0.1, 0.05, 0.25, 0.3], jnp.float32)
+    phase = (
+        dict(warmup=True)
+        if warmup
+        else dict(
+            labels=jnp.ones(6), codes=codes, margins=margins, edl_view_aggregation="per_view_mean"
+        )
+    )
+    shares, terms = ugncl.objective(s, log_e, sim, 5, mask, **phase)
+    trusted, _ = ugncl.objective(s._replace(ranking="trusted"), log_e, sim, 5, mask, **phase)
+    weights = np.ones(6) if warmup else np.array([1.0, 0.0, 0.4, 0.2, 1.0, 1.0])
+    per_view = [losses.symmetric_info_nce(v, temperature=0.1) for v in sim]
+    want_robust = weights * (np.asarray(per_view[0]) + np.asarray(per_view[1]))
+    np.testing.assert_allclose(terms.robust, want_robust, rtol=1e-5)
+    np.testing.assert_allclose(shares, terms.evidential + 0.5 * 6 * want_robust, rtol=1e-5)
+    assert not np.allclose(shares, trusted)
