@@ -298,13 +298,22 @@ class StepDivision(NamedTuple):
 
 def validate(values) -> None:
     """Refuses ``noise_share='partner'`` with the online division (its p-values come from
-    the statistics pass over the training set)."""
+    the statistics pass over the training set), and ``gamma=0`` with the contrastive
+    ranking (its hard-set weight is the trusted margin over ``gamma``)."""
     settings.require(
         values["noise_share"] == "none" or values["division_cadence"] == "epoch",
         "ugncl",
         "noise_share",
         "'none' unless division_cadence='epoch' (the statistics pass gives its p-values)",
         values["noise_share"],
+    )
+    settings.require(
+        values["ranking"] != "contrastive" or values["gamma"] > 0,
+        "ugncl",
+        "gamma",
+        "above 0 with ranking='contrastive' (the hard sets are weighted by the trusted "
+        "margin over gamma)",
+        values["gamma"],
     )
 
 

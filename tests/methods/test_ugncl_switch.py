@@ -85,3 +85,10 @@ def test_noise_share_needs_the_epoch_division():
     assert (
         methods.build_method("ugncl").init_memory(base.InitContext(3, None, None, None)).state == {}
     )
+
+
+def test_the_contrastive_ranking_needs_a_margin():
+    # Its hard-set weight is the trusted margin over gamma: 0/0 at gamma=0.
+    with pytest.raises(ValueError, match="gamma must be above 0 with ranking='contrastive'"):
+        methods.build_method("ugncl", {"ranking": "contrastive", "gamma": 0.0})
+    methods.build_method("ugncl", {"ranking": "trusted", "gamma": 0.0})
