@@ -38,8 +38,8 @@ of values holds on every world (``world=...``). ``:vectors``: a folder of your o
 (``ncljax.data.vectors``; its own pairs, two MLP image views ``D -> 1024 -> 256``, a text
 MLP and the cosine head, Adam 5e-4, batch 128) with the synthetic data's cosine-head
 values, 2 warm-up + 18 training epochs (a third warm-up epoch learns the mismatched pairs
-of weak features before the first division, a single one harms clean folders; softer
-cosine logits and the online division were measured and not adopted: see the comment
+of weak features before the first division, a single one harms the clean digits halves;
+softer cosine logits and the online division were measured and not adopted: see the comment
 above ``get_config``), ``noise_share='partner'``: on a folder where next
 to no pair lies, the division is switched off once a divided epoch has not raised the
 bound on the mismatched share (``ncljax.methods.ugncl.Settings``), and two deviations

@@ -746,7 +746,7 @@ def log_settings(s: Settings, cosine: bool) -> None:
 # Measured through the user's path (python -m ncljax.report --worlds=digits,mnist5k,cancer,
 # three seeds; benchmarks/RESULTS.md): where the soft label ranks the mismatched pairs
 # poorly with the trusted robust loss (ranking='trusted'); with the contrastive form of
-# the :vectors config the same folders read 0.89.
+# the :vectors config (two warm-up epochs) the same folders read 0.93.
 WEAK = (
     "UGNCL's belief was weak on some real folders with the paper's trusted robust loss "
     "(audit AUC 0.82-0.83 on MNIST halves at 60% mismatched, where GSC's reached 0.97): "
