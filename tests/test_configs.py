@@ -99,12 +99,16 @@ def _shrink(config, tmp_path):
         config.eval.recall.coco_5fold = False  # the fixture holds no 1K fold
     m.embed_dim = 16
     if m.text_input == "tokens":
-        m.word_dim = 8
+        m.tokens.word_dim = 8
+    else:
+        m.text_mlp.hidden = (16,)
     if m.head == "cosine" and m.image_input == "global":
-        m.image_hidden = m.text_hidden = (16,)
+        m.cosine.image_hidden = (16,)
     if m.head != "cosine":
-        m.sim_dim, m.sgr_steps, m.remat = 8, 1, "none"
-        m.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
+        m.sgraf.sim_dim, m.sgraf.remat = 8, "none"
+        m.sgraf.length_groups = 1  # one branch per chunk compiles faster; grouping: tests/models
+    if m.head == "sgr":
+        m.sgr.steps = 1
     kwargs = config.method_kwargs
     if "warmup_epochs" in kwargs:
         kwargs.warmup_epochs = 0  # the epoch reaches the method's own loss

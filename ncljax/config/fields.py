@@ -15,8 +15,10 @@ others. A non-default value where the run does not read would change nothing, si
 so the config is refused (or, when a command-line choice left a config file's value
 unread, warned about): honest flags.
 
-``value_problems`` applies the checks and rules, ``ignored_fields`` the read rule;
-``ncljax.config.validation.check`` runs both before anything is read. ``reset_unread``
+``value_problems`` applies the checks and rules, ``ignored_fields`` the read rule,
+``unknown_fields`` refuses a field no run has (a typo, or an old name set in code, which
+would otherwise change nothing, silently); ``ncljax.config.validation.check`` runs all
+three before anything is read. ``reset_unread``
 puts what a config does not read back to its defaults, for code that adapts a config
 (``presets.apply_world``). The data section's fields other than the pipeline's are the
 dataset's, checked when it is loaded, and ``method_kwargs`` are checked by the method's
@@ -176,6 +178,38 @@ def value_problems(config) -> list[str]:
                 value = get(config, f"{path}.{name}")
                 if setting.rule is not None and not setting.rule.accepts(value):
                     problems.append(f"{path}.{name}={value!r} must be {setting.rule.phrase}")
+    return problems
+
+
+# Sections whose fields are not the base config's: the dataset's (checked when it is
+# loaded) and the method's (checked by its factory).
+OPEN_SECTIONS = ("data", "method_kwargs")
+
+
+def unknown_fields(config) -> list[str]:
+    """One message per field of ``config`` that the base config does not have (outside
+    ``OPEN_SECTIONS``), naming its new name where the field was renamed."""
+    from ncljax.config import renames
+
+    defaults = config_lib.base_config()
+    problems = []
+
+    def walk(section, known, path):
+        for name in section:
+            field = f"{path}{name}"
+            if not path and name in OPEN_SECTIONS:
+                continue
+            value = section[name]
+            if name not in known:
+                new = renames.renamed(field)
+                what = f"set {new} instead" if new else "remove it"
+                problems.append(f"{field} is not a config field ({what})")
+            elif isinstance(value, ml_collections.ConfigDict) and isinstance(
+                known[name], ml_collections.ConfigDict
+            ):
+                walk(value, known[name], field + ".")
+
+    walk(config, defaults, "")
     return problems
 
 

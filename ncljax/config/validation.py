@@ -75,6 +75,9 @@ def _check_fields(config, overridden: Collection[str] | None) -> None:
     """Every field's type and range, and no non-default field the run would not read,
     before a dataset is read or a file written."""
     _check_data_section(config)
+    problems = fields.unknown_fields(config)
+    if problems:  # the other checks read fields by their known names
+        raise ValueError("Invalid config: " + "; ".join(problems) + ".")
     problems = fields.value_problems(config)
     refused, warned = fields.ignored_fields(config, overridden)
     problems += refused

@@ -122,6 +122,49 @@ def test_an_old_field_name_is_refused_naming_the_new_one(old):
     )
 
 
+def _old_leaf_fields():
+    """The renamed fields whose old name is no section of the base config."""
+    base = config_lib.base_config()
+    for old in sorted(renames.RENAMED):
+        section, name = old.split(".")
+        if name not in base[section]:
+            yield old
+
+
+@pytest.mark.parametrize("old", list(_old_leaf_fields()))
+def test_an_old_field_set_in_code_is_refused_naming_the_new_one(old):
+    """The Python API's counterpart of the flag's refusal: a config built in code with a
+    field under its old name would otherwise train with the new field's default."""
+    new = renames.RENAMED[old]
+    config = config_lib.base_config()
+    section, name = old.split(".")
+    node = config
+    for part in new.split("."):
+        node = node[part]
+    with config.unlocked():
+        config[section][name] = node
+    with pytest.raises(
+        ValueError, match=re.escape(f"{old} is not a config field (set {new} instead)")
+    ):
+        validation.check(config)
+
+
+def test_an_unknown_field_is_refused_before_anything_is_written(tmp_path):
+    from ncljax.train import train_and_evaluate
+
+    config = config_lib.base_config()
+    with config.unlocked():
+        config.train.epoch = 3  # a typo of train.epochs
+        config.model.sgraf.simdim = 8
+    with pytest.raises(ValueError) as raised:
+        train_and_evaluate(config, str(tmp_path / "run"))
+    assert str(raised.value) == (
+        "Invalid config: model.sgraf.simdim is not a config field (remove it); "
+        "train.epoch is not a config field (remove it)."
+    )
+    assert not os.path.exists(tmp_path / "run")
+
+
 def test_a_config_saved_under_the_old_names_reads_in_the_new_layout():
     new = config_lib.base_config().to_dict()
     old = copy.deepcopy(new)

@@ -9,7 +9,7 @@ import pytest
 from ncljax import methods
 from ncljax.train import loop
 from ncljax.train.diagnostics import fallback_share
-from tests.train.test_loop import load_config
+from tests.train.test_loop import load_config, tiny
 
 
 def _row(step, epoch, split, **metrics):
@@ -52,9 +52,8 @@ def test_per_epoch_refresh_flags_cover_their_whole_epoch():
 
 
 def test_results_report_the_fallback_share_of_a_run(tmp_path):
-    config = load_config("srem", "synthetic,quick")
+    config = tiny(load_config("srem", "synthetic,quick"), epochs=2)
     with config.unlocked():
-        config.train.epochs = 2
         config.method_kwargs.warmup_epochs = 1
         config.train.num_devices = 1
         config.train.progress_bar = False
@@ -71,7 +70,8 @@ def test_selection_among_every_epoch_includes_the_warm_up(tmp_path, every_epoch)
     """``train.select_every_epoch``: the best epoch is the argmax of the validation rSum
     over every epoch (the earliest of ties), warm-up included; off, over the epochs the
     method's plan lets be selected (NCR: not its warm-up)."""
-    config = load_config("ncr", "synthetic,quick")  # a warm-up epoch, then co-training
+    # A warm-up epoch, then co-training, on the tiny data.
+    config = tiny(load_config("ncr", "synthetic,quick"), epochs=2)
     with config.unlocked():
         config.train.select_every_epoch = every_epoch
         config.train.num_devices = 1
