@@ -25,7 +25,8 @@ the newest checkpoint of ``checkpoints/latest``):
   how many pairs fall at or below it, and ``held_out``: how well the model told a
   validation caption's own image from the split's others at the last validation
   (``pair_auc``, an AUC); a verdict on the training pairs is rarely better, and below
-  ``WEAK_SEPARATION`` (0.85) a note says to read the ranking as weak;
+  ``WEAK_SEPARATION`` (0.85) a note says to read the ranking as weak, below
+  ``DOUBTFUL_SEPARATION`` (0.90) that it may be weak and which method to audit with;
 - beside the method's score, where the run trains on a vectors folder whose two sides are
   vectors of one embedding space (its ``embedding.json`` says ``"shared_space": true``,
   as ``ncljax embed`` writes for CLIP; ``--raw_cosine=yes`` forces it), ``raw_cosine``:
@@ -387,8 +388,9 @@ def pair_scores(workdir: str) -> PairScores:
             "warm-up checkpoint?); the ranking is the caption order"
         )
     held_out = held_out_separation(workdir, restored.step)
-    if held_out is not None and held_out["pair_auc"] < WEAK_SEPARATION:
-        notes.append(weak_separation_note(held_out))
+    note = separation_note(held_out)
+    if note is not None:
+        notes.append(note)
     image_ids, captions = _display(config, split)
     return PairScores(
         method=config.method,
@@ -415,6 +417,11 @@ def pair_scores(workdir: str) -> PairScores:
 # A verdict that ranks the mismatched pairs below this AUC is weak (the bar the library's
 # methods are held to on the real worlds of ``python -m ncljax.report``).
 WEAK_SEPARATION = 0.85
+# Below this held-out AUC (and at or above WEAK_SEPARATION) the verdict may still fall below
+# that bar: on the report's synthetic worlds a verdict on the training pairs read 0.00-0.11
+# below its run's held-out figure (GSC's at most 0.04), so a held-out 0.85-0.90 left
+# verdicts of 0.77-0.84 (benchmarks/RESULTS.md).
+DOUBTFUL_SEPARATION = 0.90
 
 
 def held_out_separation(workdir: str, step: int) -> dict[str, Any] | None:
@@ -440,6 +447,30 @@ def held_out_separation(workdir: str, step: int) -> dict[str, Any] | None:
             if usable and (found is None or at >= found["step"]):
                 found = {"split": "val", "step": at, "pair_auc": float(value)}
     return found
+
+
+def separation_note(held_out: dict[str, Any] | None) -> str | None:
+    """The audit's note on the held-out separation: :func:`weak_separation_note` below
+    ``WEAK_SEPARATION``, :func:`doubtful_separation_note` below ``DOUBTFUL_SEPARATION``,
+    None above it or where the run logged none."""
+    if held_out is None or held_out["pair_auc"] >= DOUBTFUL_SEPARATION:
+        return None
+    if held_out["pair_auc"] < WEAK_SEPARATION:
+        return weak_separation_note(held_out)
+    return doubtful_separation_note(held_out)
+
+
+def doubtful_separation_note(held_out: dict[str, Any]) -> str:
+    """What a held-out separation just above the weak bar means for the ranking."""
+    return (
+        f"on its validation split the model told a caption's own image from the others at "
+        f"AUC {held_out['pair_auc']:.2f} (pair_auc, step {held_out['step']}; below "
+        f"{DOUBTFUL_SEPARATION}), and a verdict on the training pairs reads up to about 0.1 "
+        f"below that figure: this ranking may find the mismatched pairs at an AUC below "
+        f"{WEAK_SEPARATION}. GSC's verdict stayed closest to its held-out figure (within "
+        "0.04): audit with configs/gsc.py:vectors on such data, or check a sample of the "
+        "lowest-ranked pairs by eye"
+    )
 
 
 def weak_separation_note(held_out: dict[str, Any]) -> str:

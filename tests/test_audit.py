@@ -139,8 +139,8 @@ def test_the_record_names_the_final_checkpoint(runs, monkeypatch):
     with open(os.path.join(workdir, "audit", "audit.json")) as f:
         record = json.load(f)
     last_val = [m for m in read_metrics(workdir) if m["split"] == "val"][-1]
-    weak = record["held_out"]["pair_auc"] < audit.WEAK_SEPARATION  # a tiny run: likely
-    assert record["notes"] == [caveat] + ([audit.weak_separation_note(record["held_out"])] * weak)
+    held = audit.separation_note(record["held_out"])  # a tiny run: likely weak
+    assert record["notes"] == [caveat] + ([held] if held else [])
     assert record["checkpoint"] == {
         "step": last_val["step"],
         "epochs_completed": 3,
@@ -193,8 +193,8 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_note(runs, tmp_path):
     scores = audit.pair_scores(str(workdir))
     assert scores.checkpoint["step"] == steps[0]
     assert f"step {steps[-1]} cannot be read" in scores.notes[0]
-    weak = scores.held_out is not None and scores.held_out["pair_auc"] < audit.WEAK_SEPARATION
-    assert len(scores.notes) == 1 + weak  # and the held-out note of a tiny run
+    held = audit.separation_note(scores.held_out)
+    assert len(scores.notes) == 1 + (held is not None)  # and the held-out note of a tiny run
     assert sorted(int(s) for s in os.listdir(latest)) == steps  # read only: nothing moved
 
 
@@ -531,3 +531,22 @@ def test_held_out_separation_reads_the_last_validation_before_the_step(tmp_path)
     assert audit.held_out_separation(str(tmp_path / "none"), step=5) is None
     assert got["pair_auc"] < audit.WEAK_SEPARATION
     assert "AUC 0.71" in audit.weak_separation_note(got)
+
+
+@pytest.mark.parametrize(
+    ("pair_auc", "note"),
+    [(0.5, "weak"), (0.8499, "weak"), (0.85, "doubtful"), (0.8999, "doubtful"), (0.9, None)],
+)
+def test_the_held_out_note_has_two_bars(pair_auc, note):
+    """Below 0.85 the ranking is weak; from 0.85 to 0.90 it may be (a verdict on the
+    training pairs read up to about 0.1 below the held-out figure); from 0.90 no note."""
+    held_out = {"split": "val", "step": 7, "pair_auc": pair_auc}
+    got = audit.separation_note(held_out)
+    if note is None:
+        assert got is None
+    elif note == "weak":
+        assert got == audit.weak_separation_note(held_out) and "read this ranking as weak" in got
+    else:
+        assert got == audit.doubtful_separation_note(held_out)
+        assert f"AUC {pair_auc:.2f}" in got and "below 0.9)" in got and "gsc.py:vectors" in got
+    assert audit.separation_note(None) is None
