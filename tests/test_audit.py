@@ -139,7 +139,7 @@ def test_the_record_names_the_final_checkpoint(runs, monkeypatch):
     with open(os.path.join(workdir, "audit", "audit.json")) as f:
         record = json.load(f)
     last_val = [m for m in read_metrics(workdir) if m["split"] == "val"][-1]
-    held = audit.separation_note(record["held_out"])  # a tiny run: likely weak
+    held = audit.separation_note(record["held_out"], "ncr")  # a tiny run: likely weak
     assert record["notes"] == [caveat] + ([held] if held else [])
     assert record["checkpoint"] == {
         "step": last_val["step"],
@@ -193,7 +193,7 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_note(runs, tmp_path):
     scores = audit.pair_scores(str(workdir))
     assert scores.checkpoint["step"] == steps[0]
     assert f"step {steps[-1]} cannot be read" in scores.notes[0]
-    held = audit.separation_note(scores.held_out)
+    held = audit.separation_note(scores.held_out, "ncr")
     assert len(scores.notes) == 1 + (held is not None)  # and the held-out note of a tiny run
     assert sorted(int(s) for s in os.listdir(latest)) == steps  # read only: nothing moved
 
@@ -549,4 +549,8 @@ def test_the_held_out_note_has_two_bars(pair_auc, note):
     else:
         assert got == audit.doubtful_separation_note(held_out)
         assert f"AUC {pair_auc:.2f}" in got and "below 0.9)" in got and "gsc.py:vectors" in got
+        own = audit.separation_note(held_out, "gsc")  # GSC is not told to use GSC
+        assert "gsc.py:vectors" not in own and own.endswith(
+            "Check a sample of the lowest-ranked pairs by eye"
+        )
     assert audit.separation_note(None) is None
