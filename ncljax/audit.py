@@ -465,18 +465,19 @@ def separation_note(held_out: dict[str, Any] | None, method: str = "") -> str | 
 def doubtful_separation_note(held_out: dict[str, Any], method: str = "") -> str:
     """What a held-out separation just above the weak bar means for the ranking; for a
     method other than GSC, that GSC's verdict stayed closest to its held-out figure."""
-    check = "check a sample of the lowest-ranked pairs by eye"
+    check = "Check a sample of the lowest-ranked pairs by eye"
     if method != "gsc":
         check = (
             "GSC's verdict stayed closest to its held-out figure (within 0.09): audit with "
-            f"configs/gsc.py:vectors on such data, or {check}"
+            "configs/gsc.py:vectors on such data, or check a sample of the lowest-ranked "
+            "pairs by eye"
         )
     return (
         f"on its validation split the model told a caption's own image from the others at "
         f"AUC {held_out['pair_auc']:.2f} (pair_auc, step {held_out['step']}; below "
         f"{DOUBTFUL_SEPARATION}), and a verdict on the training pairs can read 0.1 or more "
         f"below that figure: this ranking may find the mismatched pairs at an AUC below "
-        f"{WEAK_SEPARATION}. {check[0].upper()}{check[1:]}"
+        f"{WEAK_SEPARATION}. {check}"
     )
 
 

@@ -38,7 +38,7 @@ import ml_collections
 
 from ncljax import methods, rules
 from ncljax.config import base as config_lib
-from ncljax.config import kinds
+from ncljax.config import kinds, renames
 
 Rule = Callable[[ml_collections.ConfigDict], list[str]]
 Check = rules.Rule
@@ -189,8 +189,6 @@ OPEN_SECTIONS = ("data", "method_kwargs")
 def unknown_fields(config) -> list[str]:
     """One message per field of ``config`` that the base config does not have (outside
     ``OPEN_SECTIONS``), naming its new name where the field was renamed."""
-    from ncljax.config import renames
-
     defaults = config_lib.base_config()
     problems = []
 
