@@ -170,8 +170,9 @@ class Program:
     def traffic(self, name: str | None = None, branch_weights=None, _memo=None) -> float:
         """Bytes one execution of computation ``name`` (the entry) moves through memory: every
         executed kernel (a fusion, a ``dot``, any other array instruction at a
-        computation's top level) reads its operands and writes its outputs once; a fusion's
-        inside stays in registers and cache. Loops and conditionals count as in
+        computation's top level) reads its operands and writes its outputs once, what it
+        slices or updates in place only as large as the slice; a fusion's inside stays in
+        registers and cache. Loops and conditionals count as in
         :meth:`cost`. A lower bound on the traffic of the program as compiled (a kernel that
         reads an operand twice, or spills, moves more), the roofline's memory side."""
         name = self.entry if name is None else name
@@ -193,10 +194,48 @@ class Program:
                 for callee in ins.callees():
                     total += self.traffic(callee, branch_weights, memo)
             elif ins.op not in _FREE_OPS:
-                operands = [self.instructions.get(o) for o in ins.operands()]
-                total += ins.nbytes() + sum(o.nbytes() for o in operands if o is not None)
+                total += self._kernel_traffic(ins)
         memo[name] = total
         return total
+
+    def _kernel_traffic(self, ins: Instruction) -> float:
+        """One executed kernel's bytes: its outputs and operands once, except what it only
+        slices (a ``dynamic-slice`` or ``slice`` reads its slice, not the whole operand)
+        and what it updates in place (a ``dynamic-update-slice`` writes its update, and its
+        buffer is not read): a loop over the rows of a matrix reads each row once, not the
+        matrix once per trip."""
+        operands = [self.instructions.get(o) for o in ins.operands()]
+        read = [o.nbytes() if o is not None else 0 for o in operands]
+        written = ins.nbytes()
+        if ins.op in ("dynamic-slice", "slice") and read:
+            read[0] = written
+        elif ins.op == "dynamic-update-slice" and len(read) > 1:
+            read[0], written = 0, read[1]
+        elif ins.op == "fusion" and ins.callees():
+            body = self.computations.get(ins.callees()[0], [])
+            params = {
+                int(m.group(1)): i.name
+                for i in body
+                if i.op == "parameter" and (m := re.match(r"(\d+)\)", i.rest))
+            }
+            root = body[-1] if body else None
+            for k, param in params.items():
+                if k >= len(read):
+                    continue
+                users = [i for i in body if param in i.operands()]
+                if users and all(
+                    i.op in ("dynamic-slice", "slice") and i.operands()[0] == param for i in users
+                ):
+                    read[k] = sum(i.nbytes() for i in users)
+                if (
+                    root is not None
+                    and root.op == "dynamic-update-slice"
+                    and root.operands()[0] == param
+                ):
+                    update = self.instructions.get(root.operands()[1])
+                    read[k] = 0
+                    written = update.nbytes() if update is not None else written
+        return written + sum(read)
 
     def _contains(self, name: str, ops: set, seen=None) -> bool:
         seen = set() if seen is None else seen

@@ -59,3 +59,18 @@ def test_traffic_of_a_loop_counts_its_trip_count():
     # the body's kernel 10 times, a copy of the (not donated) input into the loop's buffer
     # and the loop counter's few bytes per trip; without trip counts it would read ~2x once
     assert 10 * once <= looped.traffic() <= 11 * once + 10 * 64
+
+
+def test_traffic_of_a_loop_over_row_blocks_reads_each_block_once():
+    x = jnp.ones((64, 256), jnp.float32)
+    whole = _program(lambda v: jnp.sin(v).sum(1), x).traffic()
+
+    def blocks(v):  # eight blocks of 8 rows, each sliced out of the matrix in the loop
+        return jax.lax.map(jnp.sin, v.reshape(8, 8, 256)).sum(2).reshape(64)
+
+    looped = _program(blocks, x).traffic()
+    # each trip reads its block and writes its rows in place (8 KiB each), not the whole
+    # matrix (64 KiB); around the loop: its output buffer set to 0, and the sum
+    assert whole < looped < 5 * whole
+    # what it would count if every trip read and wrote the whole matrix
+    assert 8 * 2 * 64 * 256 * 4 > 3 * looped

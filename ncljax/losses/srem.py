@@ -115,12 +115,44 @@ def weighted_hinge_loss(
     scores = jnp.asarray(scores)
     scores = scores.astype(jnp.result_type(scores, jnp.float32))
     num = scores.shape[0]
+    hard_negative = jnp.asarray(hard_negative)
+    negative = scores[jnp.arange(num), hard_negative]
+    return weighted_hinge_shares(
+        jnp.diagonal(scores), negative, hard_negative, weight, clean, margin=margin, where=where
+    )
+
+
+def weighted_hinge_shares(
+    positive: ArrayLike,
+    negative: ArrayLike,
+    hard_negative: ArrayLike,
+    weight: ArrayLike,
+    clean: ArrayLike,
+    *,
+    margin: float = 0.2,
+    where: ArrayLike | None = None,
+) -> jax.Array:
+    r""":func:`weighted_hinge_loss` from each query's two scores: its pair's
+    :math:`\mathbf S_{ii}` and its hardest negative's :math:`\mathbf S_{i\phi(i)}` (``[B]``
+    each, gradient flows), without the ``[B, B]`` matrix.
+
+    Args:
+      positive: ``[B]`` :math:`\mathbf S_{ii}`.
+      negative: ``[B]`` :math:`\mathbf S_{i\phi(i)}`.
+      hard_negative: int ``[B]``, :math:`\phi` (a query's own index: no negative, no share).
+      weight, clean, margin, where: as :func:`weighted_hinge_loss`.
+
+    Returns:
+      ``[B]`` shares whose mean over the real pairs is :math:`L_w`.
+    """
+    positive = jnp.asarray(positive)
+    positive = positive.astype(jnp.result_type(positive, jnp.float32))
+    num = positive.shape[0]
     valid = masking.valid_rows(num, where)
     hard_negative = jnp.asarray(hard_negative)
-    weight = _SG(jnp.asarray(weight, scores.dtype))
-    rows = jnp.arange(num)
-    hinge = jax.nn.relu(margin - weight * jnp.diagonal(scores) + scores[rows, hard_negative])
-    trained = _SG(jnp.asarray(clean, bool)) & (hard_negative != rows)
+    weight = _SG(jnp.asarray(weight, positive.dtype))
+    hinge = jax.nn.relu(margin - weight * positive + negative)
+    trained = _SG(jnp.asarray(clean, bool)) & (hard_negative != jnp.arange(num))
     return _subset_share(hinge, trained, valid)
 
 
@@ -165,6 +197,7 @@ def complementary_loss(
     rcl_temperature: float = 0.05,
     form: str = "expectation",
     where: ArrayLike | None = None,
+    first_row: ArrayLike | None = None,
 ) -> jax.Array:
     r"""Cross-modal biased complementary learning of one direction (CMBCL, Eq. 13).
 
@@ -203,6 +236,10 @@ def complementary_loss(
       rcl_temperature: :math:`\tau_{rcl}` of ``prob='rcl'`` (0.05).
       form: ``'expectation'``, ``'matmul_PQ'`` or ``'matmul_QtP'``.
       where: optional bool ``[B]``, the real pairs.
+      first_row: optional; ``logits``, ``q`` and ``mask`` are then the block of ``b`` rows
+        of the ``[B, B]`` matrices that starts at this row (``[b, B]``; may be traced), and
+        the result is the block's ``[b]`` (``form='expectation'`` only: the other forms
+        mix rows).
 
     Returns:
       ``[B]`` per query (>= 0), 0 at padding; the mean over the real pairs is :math:`L_c`.
@@ -220,8 +257,11 @@ def complementary_loss(
         raise ValueError(f"cl_prob must be one of {CL_PROBS}, got {prob!r}")
     if form not in ("expectation", "matmul_PQ", "matmul_QtP"):
         raise ValueError(f"form must be 'expectation', 'matmul_PQ' or 'matmul_QtP', got {form!r}")
-    valid = masking.valid_rows(num, where)
-    candidates = valid[:, None] & valid[None, :]
+    if first_row is not None and form != "expectation":
+        raise ValueError(f"form={form!r} mixes rows: it has no block of rows (first_row)")
+    columns = masking.valid_rows(logits.shape[1], where)
+    valid = columns if first_row is None else columns[jnp.arange(num) + first_row]
+    candidates = valid[:, None] & columns[None, :]
     mask = _SG(jnp.asarray(mask, bool)) & candidates
     q = jnp.where(mask, _SG(jnp.asarray(q, logits.dtype)), 0.0)
     size = mask.sum(1).astype(logits.dtype)

@@ -253,6 +253,12 @@ class Settings(NamedTuple):
         keeps every pair: with next to no mismatched pair, the test's rejections are
         hard clean pairs (the breast cancer halves at 0%: 17 below InfoNCE with it).
       noise_floor: that floor [ncljax: 0.05].
+      block_rows: each direction's ``[B, B]`` terms are computed this many query rows at a
+        time where the batch is a larger multiple of it (``srem_loss``'s ``block_rows``;
+        ``None``: the whole batch at once) [ncljax: 256]. The same objective to
+        round-off; at ``B = 4096`` on the :vectors path its loss and gradient take
+        0.82 s instead of 1.75 s on a 2-core CPU (benchmarks/RESULTS.md). Batches of 256
+        pairs or fewer (the papers' 128) are one block whatever it is.
     """
 
     tau: float = -2.0
@@ -281,6 +287,7 @@ class Settings(NamedTuple):
     ranking: str = "hinge"
     noise_share: str = "none"
     noise_floor: float = 0.05
+    block_rows: int | None = 256
 
 
 RANKINGS = ("hinge", "contrastive")
@@ -305,6 +312,7 @@ CHECKS |= dict.fromkeys(("gradient_weighting", "warmup_lambda2"), settings.BOOLE
 CHECKS["warmup_epochs"] = settings.NON_NEGATIVE_INT
 CHECKS["partner_level"] = settings.interval(0, 1, low_open=True)
 CHECKS["noise_floor"] = settings.UNIT_INTERVAL
+CHECKS["block_rows"] = settings.optional(settings.POSITIVE_INT, "the whole batch at once")
 
 
 def validate(values) -> None:
@@ -384,6 +392,7 @@ def objective(s: Settings, logit, *, warmup: bool, division, where, level=None):
         division=s.division,
         partner_level=s.partner_level if level is None else level,
         ranking=s.ranking,
+        block_rows=s.block_rows,
     )
 
 
@@ -426,8 +435,8 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
         "division_fallback": fell_back,
         "energy_epoch": jnp.broadcast_to(jnp.asarray(ctx.epoch, jnp.float32), clean_i2t.shape),
     }
-    if s.noise_share == "partner":
-        memory["partner_p"] = selection.partner_p_value(f, where=batch["mask"])
+    if s.noise_share == "partner":  # the partner test's own p-values (image to caption)
+        memory["partner_p"] = i2t.partner_p
     applied = None
     if not warmup:
         metrics |= {
@@ -705,11 +714,12 @@ class SREMDirection(NamedTuple):
       clean: bool, the clean split the losses use (Eq. 2 and ``clean_set``; in warm-up the
         selection Eq. 2 would make, for the logs only).
       hard_negative: int, :math:`\\phi`.
-      entropy: normalised entropy :math:`e` (Eq. 4).
+      entropy: normalised entropy :math:`e` (Eq. 4); 0 with ``ranking='contrastive'``.
       argument: hinge argument :math:`a` (Eq. 5).
       weight: swapped weight :math:`\\omega` used by this direction's hinge (Eq. 6).
-      mask: bool ``[B, B]``, complementary candidates :math:`\\mathcal A` (Eq. 11).
-      q: ``[B, B]``, :math:`\\mathbf Q` (Eq. 12).
+      mask: bool ``[B, B]``, complementary candidates :math:`\\mathcal A` (Eq. 11); ``None``
+        where the objective was computed in blocks of rows (``block_rows``).
+      q: ``[B, B]``, :math:`\\mathbf Q` (Eq. 12); ``None`` likewise.
       hinge: shares of :math:`L_w` (0 in warm-up).
       energy_loss: shares of :math:`L_u` (0 in warm-up).
       complementary: per-query :math:`L_c` terms.
@@ -717,6 +727,7 @@ class SREMDirection(NamedTuple):
         summed hinge (0 in warm-up; the noisy gradient ratio's numerator on noisy pairs).
       fallback: bool scalar, this direction's division was degenerate and it trained the
         warm-up objective instead (``fallback=True`` of :func:`srem_loss` only).
+      partner_p: ``[B]`` the partner test's p-values (``division='partner'``; else ``None``).
     """
 
     energy: jax.Array
@@ -732,6 +743,7 @@ class SREMDirection(NamedTuple):
     complementary: jax.Array
     pull: jax.Array
     fallback: jax.Array | bool = False
+    partner_p: jax.Array | None = None
 
 
 def srem_loss(
@@ -760,6 +772,7 @@ def srem_loss(
     partner_level: float = 0.05,
     ranking: str = "hinge",
     where: ArrayLike | None = None,
+    block_rows: int | None = None,
 ) -> tuple[jax.Array, dict[str, SREMDirection]]:
     r"""SREM's total objective over both retrieval directions, per pair.
 
@@ -816,6 +829,14 @@ def srem_loss(
       partner_level: the partner test's level (0.05).
       ranking: ``'hinge'`` (Eq. 7) or ``'contrastive'`` (static).
       where: optional bool ``[B]``, the real pairs.
+      block_rows: compute each direction's ``[B, B]`` terms ``block_rows`` query rows at a
+        time (static; ``None``: all at once). Every term but the fallback's batch-wide test
+        and the subset means is a function of one query's row, so the values are the same
+        to round-off; what changes is the memory traffic: each block's passes stay in
+        cache, and nothing ``[B, B]`` but the logits, their transpose and their gradient is
+        written (the directions' ``mask`` and ``q`` are then ``None``). Used where ``B``
+        is a multiple of ``block_rows`` larger than it, with ``form='expectation'``
+        (``rectify`` not a ``matmul`` reading); otherwise one block.
 
     Returns:
       ``(loss, directions)``: ``[B]`` shares whose mean over the real pairs is :math:`L`, and
@@ -835,7 +856,8 @@ def srem_loss(
         raise ValueError(f"ranking must be one of {RANKINGS}, got {ranking!r}")
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.result_type(logits, jnp.float32))
-    valid = selection.valid_rows(logits.shape[0], where)
+    num = logits.shape[0]
+    valid = selection.valid_rows(num, where)
     views = {"i2t": logits, "t2i": logits.T}
     per_direction = {
         name: dict(
@@ -843,6 +865,9 @@ def srem_loss(
         )
         for name, value in (("threshold", threshold), ("m_clean", m_clean), ("m_noisy", m_noisy))
     }
+    matmul = rectify.startswith("matmul")
+    blocked = block_rows is not None and not matmul and num > block_rows and num % block_rows == 0
+    block = block_rows if blocked else num
     estimates = _batch_estimates(
         views,
         valid,
@@ -854,6 +879,8 @@ def srem_loss(
         gradient_weighting=gradient_weighting and ranking != "contrastive",
         sgw_indicator=sgw_indicator,
         partner_level=partner_level if division == "partner" else None,
+        entropies=ranking != "contrastive",
+        block=block,
     )
     terms = functools.partial(
         _direction_terms,
@@ -873,11 +900,12 @@ def srem_loss(
             reduction=cl_reduction,
             prob=cl_prob,
             rcl_temperature=rcl_temperature,
-            form=rectify if rectify.startswith("matmul") else "expectation",
+            form=rectify if matmul else "expectation",
             where=valid,
         ),
+        block=block,
     )
-    total = jnp.zeros(logits.shape[0], logits.dtype)
+    total = jnp.zeros(num, logits.dtype)
     directions = {}
     for d, f in views.items():
         bounds = {k: per_direction[k][d] for k in ("m_clean", "m_noisy")}
@@ -886,16 +914,31 @@ def srem_loss(
     return jnp.where(valid, total, 0.0), directions
 
 
-class _Estimates(NamedTuple):
-    """One direction's estimates on the batch (``ncljax.labels.srem``)."""
+def _by_row_blocks(fn, matrix, block: int, *rows, checkpoint: bool = False):
+    """``fn(rows_of_matrix, first_row, *rows_of_each_row_array)`` over blocks of ``block``
+    rows of ``matrix`` (``lax.map``, each block's outputs ``[block, ...]`` concatenated;
+    ``checkpoint``: the backward pass recomputes a block from its rows instead of keeping
+    its intermediates); one call with ``first_row=None`` where ``block`` covers the matrix."""
+    num = matrix.shape[0]
+    if block >= num:
+        return fn(matrix, None, *rows)
+    count = num // block
+    body = jax.checkpoint(fn) if checkpoint else fn
+    split = [x.reshape(count, block, *x.shape[1:]) for x in (matrix, *rows)]
+    firsts = jnp.arange(count) * block
+    out = jax.lax.map(lambda a: body(a[0], a[1], *a[2:]), (split[0], firsts, *split[1:]))
+    return jax.tree.map(lambda o: o.reshape(num, *o.shape[2:]), out)
 
-    score: jax.Array  # sigmoid(F)
-    energy: jax.Array
+
+class _Estimates(NamedTuple):
+    """One direction's estimates on the batch (``ncljax.labels.srem``; no gradient)."""
+
     clean: jax.Array
     hard_negative: jax.Array
     entropy: jax.Array
     argument: jax.Array
     weight: jax.Array
+    partner_p: jax.Array | None
 
 
 def _batch_estimates(
@@ -908,27 +951,49 @@ def _batch_estimates(
     gradient_weighting,
     sgw_indicator,
     partner_level=None,
+    entropies=True,
+    block,
 ) -> dict[str, _Estimates]:
-    """Each direction's energies, clean set (Eq. 2, or the partner test at
-    ``partner_level``; after ``clean_set``), hardest negatives, entropies, hinge arguments
-    and swapped weights (1 without ``gradient_weighting``)."""
+    """Each direction's clean set (Eq. 2, or the partner test at ``partner_level``; after
+    ``clean_set``), hardest negatives, entropies, hinge arguments and swapped weights (1
+    without ``gradient_weighting``), and the partner test's p-values; the ``[B, B]`` passes
+    ``block`` query rows at a time. The entropies are 0 without ``entropies`` (the
+    contrastive ranking, whose weights are 1) and ``gradient_weighting``."""
     num = valid.shape[0]
-    scores = {d: jax.nn.sigmoid(f) for d, f in views.items()}
-    energies = {d: selection.energy(f, where=valid) for d, f in views.items()}
-    if partner_level is None:
-        split = functools.partial(selection.clean_mask, where=valid)
-        selected = {d: split(f, thresholds[d]) for d, f in views.items()}
-    else:
-        test = functools.partial(selection.partner_test_mask, level=partner_level, where=valid)
-        selected = {d: test(f) for d, f in views.items()}
+
+    def rows(f, first, *, threshold):
+        f = jax.lax.stop_gradient(f)
+        at = dict(where=valid, first_row=first)
+        if partner_level is None:
+            p = jnp.ones(f.shape[0], f.dtype)
+            selected = selection.clean_mask(f, threshold, **at)
+        else:
+            p = selection.partner_p_value(f, **at)
+            selected = selection.partner_test(p, partner_level, **at)
+        phi = selection.hard_negative_index(f, **at)
+        entropy = (
+            selection.normalized_entropy(f, **at)
+            if entropies or gradient_weighting
+            else jnp.zeros(f.shape[0], f.dtype)
+        )
+        return selected, phi, entropy, p
+
+    found = {
+        d: _by_row_blocks(functools.partial(rows, threshold=thresholds[d]), f, block)
+        for d, f in views.items()
+    }
     clean = {}
     clean["i2t"], clean["t2i"] = selection.combine_clean_masks(
-        selected["i2t"], selected["t2i"], clean_set
+        found["i2t"][0], found["t2i"][0], clean_set
     )
-    phi = {d: selection.hard_negative_index(f, where=valid) for d, f in views.items()}
-    entropy = {d: selection.normalized_entropy(f, where=valid) for d, f in views.items()}
+    phi = {d: found[d][1] for d in views}
+    entropy = {d: found[d][2] for d in views}
+    # selection.hinge_argument of the two scores it reads
     argument = {
-        d: jax.lax.stop_gradient(selection.hinge_argument(scores[d], phi[d], margin)) for d in views
+        d: jax.lax.stop_gradient(
+            margin - jax.nn.sigmoid(jnp.diagonal(f)) + jax.nn.sigmoid(_at(f, phi[d]))
+        )
+        for d, f in views.items()
     }
     omega = {d: jnp.ones(num, views[d].dtype) for d in views}
     if gradient_weighting:
@@ -939,10 +1004,13 @@ def _batch_estimates(
             argument["t2i"],
             indicator=sgw_indicator,
         )
-    return {
-        d: _Estimates(scores[d], energies[d], clean[d], phi[d], entropy[d], argument[d], omega[d])
-        for d in views
-    }
+    p = {d: found[d][3] if partner_level is not None else None for d in views}
+    return {d: _Estimates(clean[d], phi[d], entropy[d], argument[d], omega[d], p[d]) for d in views}
+
+
+def _at(f: jax.Array, columns: jax.Array) -> jax.Array:
+    """``[B]``: row ``i`` of ``f`` at ``columns[i]`` (gradient flows)."""
+    return f[jnp.arange(f.shape[0]), columns]
 
 
 def _direction_terms(
@@ -962,42 +1030,56 @@ def _direction_terms(
     every_degenerate,
     contrastive,
     complementary,
+    block,
     m_clean,
     m_noisy,
 ) -> tuple[jax.Array, SREMDirection]:
     """One direction's share of the objective ``[B]`` (warm-up: the weighted
     complementary term; main: hinge, energy and complementary terms, or the warm-up term
     where ``fallback`` finds the division degenerate) and its :class:`SREMDirection`."""
-    zeros = jnp.zeros(valid.shape[0], f.dtype)
+    num = valid.shape[0]
+    zeros = jnp.zeros(num, f.dtype)
     degenerate = jnp.asarray(False)
     if fallback and not warmup:
         degenerate = selection.degenerate_division(est.clean, where=valid, every=every_degenerate)
-    used = jnp.zeros(valid.shape[0], bool) if warmup else est.clean & ~degenerate
-    mask = selection.complementary_mask(used, est.hard_negative, where=valid)
-    selection_probs = selection.ms_selection_probs(est.score, beta, offset, where=valid)
-    q = selection.rectified_complementary_dist(selection_probs, mask, rectify=rectify != "uniform")
-    comp = srem_losses.complementary_loss(f, q, mask, **complementary)
+    used = jnp.zeros(num, bool) if warmup else est.clean & ~degenerate
+
+    def rows(f, first, used, phi):
+        at = dict(where=valid, first_row=first)
+        energy = selection.energy(f, **at)
+        mask = selection.complementary_mask(used, phi, **at)
+        probs = selection.ms_selection_probs(jax.nn.sigmoid(f), beta, offset, **at)
+        q = selection.rectified_complementary_dist(probs, mask, rectify=rectify != "uniform")
+        comp = srem_losses.complementary_loss(f, q, mask, first_row=first, **complementary)
+        return (energy, comp) if first is not None else (energy, comp, mask, q)
+
+    out = _by_row_blocks(rows, f, block, used, est.hard_negative, checkpoint=True)
+    energy, comp = out[:2]
+    mask, q = out[2:] if len(out) == 4 else (None, None)
     if warmup:
         hinge = energy_loss = pull = zeros
         share = warmup_weight * comp
     else:
         phi, omega = est.hard_negative, est.weight
+        pair = jnp.diagonal(f)
         if contrastive:
             # InfoNCE of the row, -log softmax(F_i:)_i = lse_j F_ij - F_ii = -E_i - F_ii over
             # the same real candidates: the energy's log-sum-exp, computed once
-            nce = -est.energy - jnp.diagonal(f)
-            hinge = jnp.where(used, nce, 0.0)
+            hinge = jnp.where(used, -energy - pair, 0.0)
+            pull = jnp.where(used, 1.0, 0.0).astype(f.dtype)  # each clean query, weight 1
         else:
-            hinge = srem_losses.weighted_hinge_loss(
-                est.score, phi, omega, used, margin=margin, where=valid
+            negative = jax.nn.sigmoid(_at(f, phi))
+            positive = jax.nn.sigmoid(pair)
+            hinge = srem_losses.weighted_hinge_shares(
+                positive, negative, phi, omega, used, margin=margin, where=valid
             )
+            # selection.positive_pull of the two scores it reads
+            active = jax.lax.stop_gradient(margin - omega * positive + negative) > 0
+            trained = used & (phi != jnp.arange(num))
+            pull = jnp.where(trained & active, omega, 0.0)
         energy_loss = srem_losses.energy_bounded_loss(
-            est.energy, used, m_clean=m_clean, m_noisy=m_noisy, where=valid
+            energy, used, m_clean=m_clean, m_noisy=m_noisy, where=valid
         )
-        if contrastive:  # each clean query is pulled with weight 1
-            pull = jnp.where(used, 1.0, 0.0).astype(f.dtype)
-        else:
-            pull = selection.positive_pull(est.score, phi, omega, used, margin)
         share = 0.5 * hinge + lambda2 * comp
         if not (isinstance(lambda1, int | float) and lambda1 == 0):
             # a Python weight of 0 (the :vectors setting) skips the term and its gradient;
@@ -1009,7 +1091,7 @@ def _direction_terms(
             )
             share = jnp.where(degenerate, warmup_weight * comp, share)
     direction = SREMDirection(
-        energy=est.energy,
+        energy=energy,
         clean=est.clean,
         hard_negative=est.hard_negative,
         entropy=est.entropy,
@@ -1022,5 +1104,6 @@ def _direction_terms(
         complementary=comp,
         pull=pull,
         fallback=degenerate,
+        partner_p=est.partner_p,
     )
     return share, direction

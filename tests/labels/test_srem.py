@@ -566,3 +566,58 @@ def test_a_division_that_keeps_every_pair_is_degenerate_only_for_the_energy_spli
     assert not bool(labels.degenerate_division(every, where=where, every=False))
     assert bool(labels.degenerate_division(np.zeros(4, bool), where=where, every=False))
     assert not bool(labels.degenerate_division(np.zeros(4, bool), where=np.zeros(4, bool)))
+
+
+@pytest.mark.parametrize("first", [0, 2, 6])
+def test_a_block_of_rows_gives_those_rows_of_the_whole_matrix(first):
+    # Ties (a repeated value in every row) and padding (WHERE); the block's first row traced.
+    f = np.round(LOGITS * 2) / 2
+    rows = slice(first, first + 2)
+    clean = np.array([True, False, True, True, False, True, True, False])
+    phi = np.asarray(labels.hard_negative_index(f, where=WHERE))
+    scores = np_sigmoid(f)
+
+    @jax.jit
+    def blocked(first):
+        block = jax.lax.dynamic_slice_in_dim(f, first, 2)
+        s_block = jax.lax.dynamic_slice_in_dim(scores, first, 2)
+        at = dict(where=WHERE, first_row=first)
+        mask = labels.complementary_mask(
+            jax.lax.dynamic_slice_in_dim(clean, first, 2),
+            jax.lax.dynamic_slice_in_dim(phi, first, 2),
+            **at,
+        )
+        return {
+            "energy": labels.energy(block, **at),
+            "clean": labels.clean_mask(block, 0.5, **at),
+            "p": labels.partner_p_value(block, **at),
+            "test": labels.partner_test_mask(block, 0.3, **at),
+            "entropy": labels.normalized_entropy(block, **at),
+            "phi": labels.hard_negative_index(block, **at),
+            "mask": mask,
+            "probs": labels.ms_selection_probs(s_block, BETA, OFFSET, **at),
+        }
+
+    whole = {
+        "energy": labels.energy(f, where=WHERE),
+        "clean": labels.clean_mask(f, 0.5, where=WHERE),
+        "p": labels.partner_p_value(f, where=WHERE),
+        "test": labels.partner_test_mask(f, 0.3, where=WHERE),
+        "entropy": labels.normalized_entropy(f, where=WHERE),
+        "phi": phi,
+        "mask": labels.complementary_mask(clean, phi, where=WHERE),
+        "probs": labels.ms_selection_probs(scores, BETA, OFFSET, where=WHERE),
+    }
+    got = blocked(first)
+    for name, want in whole.items():
+        np.testing.assert_allclose(
+            got[name], np.asarray(want)[rows], rtol=RTOL, atol=ATOL, err_msg=name
+        )
+    assert np.asarray(whole["clean"]).any() and not np.asarray(whole["clean"]).all()
+
+
+def test_a_block_of_rows_must_fit_the_matrix():
+    with pytest.raises(ValueError, match=r"\[b, B\] with b <= B"):
+        labels.energy(np.zeros((4, 3)), first_row=0)
+    with pytest.raises(ValueError, match="needs where"):
+        labels.complementary_mask(np.ones(2, bool), np.zeros(2, int), first_row=0)

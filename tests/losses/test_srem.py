@@ -502,10 +502,12 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("block_rows", [None, 2])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_srem_loss_matches_oracle(name):
+def test_srem_loss_matches_oracle(name, block_rows):
+    # block_rows=2: every [B, B] term two query rows at a time (matmul readings: one block)
     cfg = CONFIGS[name]
-    shares, directions = srem_loss(LOGITS, where=WHERE, **cfg)
+    shares, directions = srem_loss(LOGITS, where=WHERE, block_rows=block_rows, **cfg)
     shares = np.asarray(shares)
     want, want_shares, consts = np_srem(LOGITS, WHERE, **cfg)
     np.testing.assert_allclose(shares[WHERE].mean(), want, rtol=RTOL, atol=ATOL)
@@ -520,13 +522,17 @@ def test_srem_loss_matches_oracle(name):
         got, c = directions[d], consts[d]
         np.testing.assert_array_equal(got.clean, c["clean"])
         np.testing.assert_array_equal(got.hard_negative, c["phi"])
-        np.testing.assert_array_equal(got.mask, c["mask"])
+        blocked = block_rows is not None and not cfg.get("rectify", "").startswith("matmul")
+        if blocked:  # nothing [B, B] is kept
+            assert got.mask is None and got.q is None
+        else:
+            np.testing.assert_array_equal(got.mask, c["mask"])
+            np.testing.assert_allclose(got.q, c["q"], rtol=RTOL, atol=ATOL, err_msg=d)
         for field, key in (
             ("energy", "energy"),
             ("entropy", "entropy"),
             ("argument", "argument"),
             ("weight", "omega"),
-            ("q", "q"),
             ("complementary", "complementary"),
             ("pull", "pull"),
         ):
@@ -702,3 +708,64 @@ def test_jit_equals_no_jit():
     }
     for key, value in eager.items():
         np.testing.assert_allclose(jitted[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+BLOCKED = {
+    "hinge": {},
+    "partner_contrastive": {
+        "division": "partner",
+        "ranking": "contrastive",
+        "lambda1": 0.0,
+        "fallback": True,
+    },
+    "weights_and_uniform": {"sgw_indicator": "loss_direction", "rectify": "uniform"},
+    "warmup": {"warmup": True},
+    # no pair below the threshold: both directions fall back to the warm-up objective
+    "fallback": {"threshold": -50.0, "fallback": True, "cl_prob": "rcl"},
+}
+
+
+@pytest.mark.parametrize("where", [None, "padded"])
+@pytest.mark.parametrize("name", list(BLOCKED))
+def test_blocks_of_rows_give_the_whole_batch_objective_and_gradient(name, where):
+    rng = np.random.default_rng(3)
+    b = 16
+    logits = rng.normal(size=(b, b)).astype(np.float32) * 2
+    logits[np.arange(b), np.arange(b)] += 3 * (rng.random(b) < 0.7)  # some pairs clean
+    logits[0, 5] = logits[0, 6]  # a tie for a hard negative
+    mask = None if where is None else np.arange(b) % 5 != 4
+    cfg = BLOCKED[name]
+
+    def total(f, block_rows):
+        shares, directions = srem_loss(f, where=mask, block_rows=block_rows, **cfg)
+        return shares.sum(), directions
+
+    results = {
+        rows: jax.jit(jax.value_and_grad(total, has_aux=True), static_argnums=1)(
+            jnp.asarray(logits), rows
+        )
+        for rows in (None, 4)
+    }
+    (whole, whole_dirs), whole_grad = results[None]
+    (block, block_dirs), block_grad = results[4]
+    np.testing.assert_allclose(block, whole, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(block_grad, whole_grad, rtol=1e-5, atol=1e-6)
+    assert np.abs(np.asarray(whole_grad)).max() > 0
+    for d in ("i2t", "t2i"):
+        got, want = block_dirs[d], whole_dirs[d]
+        assert got.mask is None and got.q is None and want.mask is not None
+        for field in got._fields:
+            if field in ("mask", "q") or getattr(want, field) is None:
+                continue
+            np.testing.assert_allclose(
+                getattr(got, field), getattr(want, field), rtol=1e-5, atol=1e-6, err_msg=field
+            )
+    if name == "fallback":
+        assert bool(whole_dirs["i2t"].fallback) and bool(whole_dirs["t2i"].fallback)
+
+
+def test_a_batch_that_is_no_multiple_of_the_blocks_is_one_block():
+    shares, directions = srem_loss(LOGITS, where=WHERE, block_rows=3)  # 8 rows
+    whole, _ = srem_loss(LOGITS, where=WHERE)
+    assert directions["i2t"].mask is not None
+    np.testing.assert_array_equal(shares, whole)

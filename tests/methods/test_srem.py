@@ -150,8 +150,8 @@ def test_sigmoid_warmup_is_logged(caplog):
     assert "trivial solution" in caplog.text
 
 
-def _train(info, batches, *, num_devices, head):
-    method = methods.build_method("srem", {"tau": 0.0})
+def _train(info, batches, *, num_devices, head, block_rows=None):
+    method = methods.build_method("srem", {"tau": 0.0, "block_rows": block_rows})
     cfg = config_lib.base_config().model
     cfg.embed_dim, cfg.tokens.word_dim = 32, 16
     if head != "cosine":
@@ -159,12 +159,16 @@ def _train(info, batches, *, num_devices, head):
     return train_steps(method, cfg, info, batches, num_devices=num_devices, num_samples=N)
 
 
-@pytest.mark.parametrize("head", ["cosine", pytest.param("sgr", marks=pytest.mark.slow)])
-def test_one_device_equals_eight(data, devices, head):
+@pytest.mark.parametrize(
+    "head, block_rows",
+    [("cosine", None), ("cosine", 8), pytest.param("sgr", None, marks=pytest.mark.slow)],
+)
+def test_one_device_equals_eight(data, devices, head, block_rows):
+    # block_rows=8: the batch of 32 in four blocks of query rows, the logits sharded
     info, batches = data
     batches = batches[:1]
-    one = _train(info, batches, num_devices=1, head=head)
-    eight = _train(info, batches, num_devices=8, head=head)
+    one = _train(info, batches, num_devices=1, head=head, block_rows=block_rows)
+    eight = _train(info, batches, num_devices=8, head=head, block_rows=block_rows)
     rtol, atol = (2e-5, 2e-6) if head == "cosine" else (2e-4, 2e-5)
     for a, b in [(one[1], eight[1]), (one[0].params, eight[0].params)]:
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
