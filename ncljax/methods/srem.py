@@ -255,7 +255,7 @@ class Settings(NamedTuple):
       noise_floor: that floor [ncljax: 0.05].
       block_rows: each direction's ``[B, B]`` terms are computed this many query rows at a
         time where the batch is a larger multiple of it (``srem_loss``'s ``block_rows``;
-        ``None``: the whole batch at once) [ncljax: 256]. The same objective to
+        0: the whole batch at once) [ncljax: 256]. The same objective to
         round-off; at ``B = 4096`` on the :vectors path its loss and gradient take
         0.82 s instead of 1.75 s on a 2-core CPU (benchmarks/RESULTS.md). Batches of 256
         pairs or fewer (the papers' 128) are one block whatever it is.
@@ -287,7 +287,7 @@ class Settings(NamedTuple):
     ranking: str = "hinge"
     noise_share: str = "none"
     noise_floor: float = 0.05
-    block_rows: int | None = 256
+    block_rows: int = 256
 
 
 RANKINGS = ("hinge", "contrastive")
@@ -312,7 +312,7 @@ CHECKS |= dict.fromkeys(("gradient_weighting", "warmup_lambda2"), settings.BOOLE
 CHECKS["warmup_epochs"] = settings.NON_NEGATIVE_INT
 CHECKS["partner_level"] = settings.interval(0, 1, low_open=True)
 CHECKS["noise_floor"] = settings.UNIT_INTERVAL
-CHECKS["block_rows"] = settings.optional(settings.POSITIVE_INT, "the whole batch at once")
+CHECKS["block_rows"] = settings.NON_NEGATIVE_INT
 
 
 def validate(values) -> None:
@@ -830,7 +830,7 @@ def srem_loss(
       ranking: ``'hinge'`` (Eq. 7) or ``'contrastive'`` (static).
       where: optional bool ``[B]``, the real pairs.
       block_rows: compute each direction's ``[B, B]`` terms ``block_rows`` query rows at a
-        time (static; ``None``: all at once). Every term but the fallback's batch-wide test
+        time (static; ``None`` or 0: all at once). Every term but the fallback's batch-wide test
         and the subset means is a function of one query's row, so the values are the same
         to round-off; what changes is the memory traffic: each block's passes stay in
         cache, and nothing ``[B, B]`` but the logits, their transpose and their gradient is
@@ -866,7 +866,7 @@ def srem_loss(
         for name, value in (("threshold", threshold), ("m_clean", m_clean), ("m_noisy", m_noisy))
     }
     matmul = rectify.startswith("matmul")
-    blocked = block_rows is not None and not matmul and num > block_rows and num % block_rows == 0
+    blocked = bool(block_rows) and not matmul and num > block_rows and num % block_rows == 0
     block = block_rows if blocked else num
     estimates = _batch_estimates(
         views,

@@ -150,7 +150,7 @@ def test_sigmoid_warmup_is_logged(caplog):
     assert "trivial solution" in caplog.text
 
 
-def _train(info, batches, *, num_devices, head, block_rows=None):
+def _train(info, batches, *, num_devices, head, block_rows=0):
     method = methods.build_method("srem", {"tau": 0.0, "block_rows": block_rows})
     cfg = config_lib.base_config().model
     cfg.embed_dim, cfg.tokens.word_dim = 32, 16
@@ -161,7 +161,7 @@ def _train(info, batches, *, num_devices, head, block_rows=None):
 
 @pytest.mark.parametrize(
     "head, block_rows",
-    [("cosine", None), ("cosine", 8), pytest.param("sgr", None, marks=pytest.mark.slow)],
+    [("cosine", 0), ("cosine", 8), pytest.param("sgr", 0, marks=pytest.mark.slow)],
 )
 def test_one_device_equals_eight(data, devices, head, block_rows):
     # block_rows=8: the batch of 32 in four blocks of query rows, the logits sharded
