@@ -1,5 +1,6 @@
 """Padded rows: the validity mask every pure function takes (``where``) and the masked
-sums the training step streams.
+sums the training step streams; and blocks of query rows, for in-batch ``[B, B]`` terms
+computed a few hundred rows at a time.
 
 A batch may be padded to a fixed size (the last batch of a pass, a shard of a global
 batch); its real rows are flagged by a bool ``where`` of shape ``[B]``. Every loss,
@@ -33,3 +34,50 @@ def masked_metric(values: jax.Array, mask: jax.Array) -> jax.Array:
     ``[..., B]``; summed over steps and divided at the end, a mean over real rows."""
     mask = jnp.broadcast_to(mask, values.shape)
     return jnp.stack([jnp.where(mask, values, 0.0).sum(), mask.sum().astype(jnp.float32)])
+
+
+def row_block(num: int, block_rows: int | None) -> int:
+    """The rows of a block of a ``[num, num]`` in-batch matrix: ``block_rows`` where ``num``
+    is a larger multiple of it, else ``num`` (one block; ``None`` or 0 ask for one)."""
+    if block_rows and num > block_rows and num % block_rows == 0:
+        return block_rows
+    return num
+
+
+def own_columns(rows: int, num: int, first_row=None) -> jax.Array:
+    """Float ``[rows, num]``: 1 where a query row meets its own pair's column (the
+    identity of a square matrix; of a block, its rows from ``first_row`` on)."""
+    first = 0 if first_row is None else first_row
+    own = jnp.arange(num)[None, :] == (jnp.arange(rows) + first)[:, None]
+    return own.astype(jnp.float32)
+
+
+def by_row_blocks(fn, matrix: jax.Array, block: int, *rows, checkpoint: bool = False):
+    """``fn(rows_of_matrix, first_row, *rows_of_each_row_array)`` over blocks of ``block``
+    consecutive rows of ``matrix`` (``lax.map``; each block's outputs, ``[block, ...]``,
+    concatenated in order), or one call with ``first_row=None`` where ``block`` covers
+    the matrix.
+
+    Each row of an in-batch loss (a query against its ``B`` candidates) is a function of
+    its own row. Its elementwise passes over a block of a few hundred rows stay in cache,
+    where over the whole ``[B, B]`` matrix at large ``B`` each goes through memory.
+
+    Args:
+      fn: ``fn(block [b, ...], first_row, *row_blocks) -> pytree of [b, ...]``; ``first_row``
+        is a traced int (``None`` for the one block).
+      matrix: ``[B, ...]``.
+      block: rows per block (:func:`row_block`).
+      *rows: arrays ``[B, ...]`` whose rows go with the matrix's.
+      checkpoint: the backward pass recomputes each block from its rows instead of keeping
+        its intermediates (``jax.checkpoint``): nothing ``[B, B]`` beyond the inputs and
+        their gradients is stored.
+    """
+    num = matrix.shape[0]
+    if block >= num:
+        return fn(matrix, None, *rows)
+    count = num // block
+    body = jax.checkpoint(fn) if checkpoint else fn
+    split = [x.reshape(count, block, *x.shape[1:]) for x in (matrix, *rows)]
+    firsts = jnp.arange(count) * block
+    out = jax.lax.map(lambda a: body(a[0], a[1], *a[2:]), (split[0], firsts, *split[1:]))
+    return jax.tree.map(lambda o: o.reshape(num, *o.shape[2:]), out)

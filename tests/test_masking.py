@@ -27,3 +27,30 @@ def test_masked_metric_sums_the_kept_entries_and_counts_them():
     values = jnp.asarray([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]])
     got = masking.masked_metric(values, jnp.asarray([True, False, True]))
     np.testing.assert_allclose(got, [1 + 4 + 8 + 32, 4])
+
+
+def test_row_block_divides_the_batch_or_keeps_it_whole():
+    assert masking.row_block(1024, 256) == 256
+    assert [masking.row_block(n, 256) for n in (256, 128, 1000)] == [256, 128, 1000]
+    assert masking.row_block(1024, 0) == masking.row_block(1024, None) == 1024
+
+
+def test_by_row_blocks_maps_blocks_of_rows_in_order():
+    x = jnp.arange(36.0).reshape(6, 6)
+    extra = jnp.arange(6.0) * 10
+
+    def fn(block, first, e):  # each row's sum plus its extra value, and its own entry
+        rows = jnp.arange(block.shape[0])
+        own = block[rows, rows + (0 if first is None else first)]
+        return block.sum(1) + e, own
+
+    for block in (1, 2, 3, 6):  # 6: one call, first_row None
+        for checkpoint in (False, True):
+            got = masking.by_row_blocks(fn, x, block, extra, checkpoint=checkpoint)
+            np.testing.assert_allclose(got[0], np.asarray(x).sum(1) + np.asarray(extra))
+            np.testing.assert_allclose(got[1], np.diagonal(np.asarray(x)))
+
+
+def test_own_columns_is_the_identity_of_a_block():
+    np.testing.assert_array_equal(masking.own_columns(3, 3), np.eye(3))
+    np.testing.assert_array_equal(masking.own_columns(2, 5, 3), np.eye(5)[3:5])

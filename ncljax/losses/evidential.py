@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ncljax import evidence
+from ncljax import evidence, masking
 from ncljax.losses.contrastive import symmetric_info_nce
 from ncljax.losses.ranking import hinge_costs
 
@@ -251,6 +251,7 @@ def ugncl_loss(
     where: ArrayLike | None = None,
     max_negatives: int | None = None,
     min_negatives: int | None = None,
+    block_rows: int | None = None,
 ) -> tuple[jax.Array, UGNCLTerms]:
     r"""UGNCL's overall objective of a batch (Eq. 18) as per-pair shares.
 
@@ -288,6 +289,10 @@ def ugncl_loss(
         top-``lambda`` means select that many entries per row instead of sorting rows.
       min_negatives: the schedule's static floor: a count at or below it selects only
         that many (:func:`top_k_mean`'s ``min_k``).
+      block_rows: the evidential loss of each view and direction ``block_rows`` query rows
+        at a time where ``K`` is a larger multiple of it (static; ``None`` or 0: all rows
+        at once; ``ncljax.masking.by_row_blocks``). Each query's loss reads its own row:
+        the same values to round-off, with each block's passes in cache.
 
     Returns:
       ``(shares [K], UGNCLTerms)``.
@@ -310,11 +315,16 @@ def ugncl_loss(
     valid = jnp.ones(num, bool) if where is None else jnp.asarray(where, bool)
     real = valid.sum()
     y = jnp.ones(num, log_e_views.dtype) if warmup else _SG(jnp.asarray(labels, log_e_views.dtype))
-    target = jnp.eye(num, dtype=log_e_views.dtype) * y[:, None]
+    block = masking.row_block(num, block_rows)
+
+    def rows(log_e, first, y_rows):  # a block of queries: its targets y on the own class
+        own = masking.own_columns(log_e.shape[0], num, first)
+        return edl_loss(log_e, own * y_rows[:, None], kl_weight=kl_weight, where=valid)
 
     def both_directions(log_e):
-        return edl_loss(log_e, target, kl_weight=kl_weight, where=valid) + edl_loss(
-            log_e.T, target, kl_weight=kl_weight, where=valid
+        return sum(
+            masking.by_row_blocks(rows, view, block, y, checkpoint=True)
+            for view in (log_e, log_e.T)
         )
 
     if edl_view_aggregation == "dst" and num_views > 1:

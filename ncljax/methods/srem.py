@@ -72,6 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from ncljax import masking
 from ncljax.labels import share as share_lib
 from ncljax.labels import srem as selection
 from ncljax.losses import srem as srem_losses
@@ -866,8 +867,7 @@ def srem_loss(
         for name, value in (("threshold", threshold), ("m_clean", m_clean), ("m_noisy", m_noisy))
     }
     matmul = rectify.startswith("matmul")
-    blocked = bool(block_rows) and not matmul and num > block_rows and num % block_rows == 0
-    block = block_rows if blocked else num
+    block = num if matmul else masking.row_block(num, block_rows)
     estimates = _batch_estimates(
         views,
         valid,
@@ -912,22 +912,6 @@ def srem_loss(
         share, directions[d] = terms(f, estimates[d], **bounds)
         total = total + share
     return jnp.where(valid, total, 0.0), directions
-
-
-def _by_row_blocks(fn, matrix, block: int, *rows, checkpoint: bool = False):
-    """``fn(rows_of_matrix, first_row, *rows_of_each_row_array)`` over blocks of ``block``
-    rows of ``matrix`` (``lax.map``, each block's outputs ``[block, ...]`` concatenated;
-    ``checkpoint``: the backward pass recomputes a block from its rows instead of keeping
-    its intermediates); one call with ``first_row=None`` where ``block`` covers the matrix."""
-    num = matrix.shape[0]
-    if block >= num:
-        return fn(matrix, None, *rows)
-    count = num // block
-    body = jax.checkpoint(fn) if checkpoint else fn
-    split = [x.reshape(count, block, *x.shape[1:]) for x in (matrix, *rows)]
-    firsts = jnp.arange(count) * block
-    out = jax.lax.map(lambda a: body(a[0], a[1], *a[2:]), (split[0], firsts, *split[1:]))
-    return jax.tree.map(lambda o: o.reshape(num, *o.shape[2:]), out)
 
 
 class _Estimates(NamedTuple):
@@ -979,7 +963,7 @@ def _batch_estimates(
         return selected, phi, entropy, p
 
     found = {
-        d: _by_row_blocks(functools.partial(rows, threshold=thresholds[d]), f, block)
+        d: masking.by_row_blocks(functools.partial(rows, threshold=thresholds[d]), f, block)
         for d, f in views.items()
     }
     clean = {}
@@ -1053,7 +1037,7 @@ def _direction_terms(
         comp = srem_losses.complementary_loss(f, q, mask, first_row=first, **complementary)
         return (energy, comp) if first is not None else (energy, comp, mask, q)
 
-    out = _by_row_blocks(rows, f, block, used, est.hard_negative, checkpoint=True)
+    out = masking.by_row_blocks(rows, f, block, used, est.hard_negative, checkpoint=True)
     energy, comp = out[:2]
     mask, q = out[2:] if len(out) == 4 else (None, None)
     if warmup:
