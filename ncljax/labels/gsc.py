@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from ncljax.labels import gmm as gmm_lib
-from ncljax.losses.contrastive import info_nce
+from ncljax.losses.contrastive import info_nce_directions
 from ncljax.losses.structure import mask_structures
 
 
@@ -54,8 +54,8 @@ def gsc_cross_modal_indicator(
     sim = sim.astype(jnp.result_type(sim, jnp.float32))
     valid = jnp.ones(sim.shape[:1], bool) if where is None else jnp.asarray(where, bool)
     logits = sim / temperature
-    p_i2t = jnp.exp(-info_nce(logits, where=valid))
-    p_t2i = jnp.exp(-info_nce(logits.T, where=valid))
+    nll_i2t, nll_t2i = info_nce_directions(logits, where=valid)
+    p_i2t, p_t2i = jnp.exp(-nll_i2t), jnp.exp(-nll_t2i)
     return jnp.where(valid, 0.5 * (p_i2t + p_t2i), 0.0)
 
 

@@ -12,7 +12,7 @@ from ncljax.losses.classification import (
     prototype_logits,
     soft_cross_entropy,
 )
-from ncljax.losses.contrastive import info_nce, symmetric_info_nce
+from ncljax.losses.contrastive import info_nce, info_nce_directions, symmetric_info_nce
 from ncljax.losses.evidential import (
     UGNCLTerms,
     edl_loss,
@@ -56,6 +56,7 @@ __all__ = [
     "gsc_loss",
     "hinge_costs",
     "info_nce",
+    "info_nce_directions",
     "mask_structures",
     "prediction_entropy_loss",
     "prototype_cross_entropy",

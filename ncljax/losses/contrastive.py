@@ -116,8 +116,45 @@ def symmetric_info_nce(
     sim = jnp.asarray(sim)
     sim = sim.astype(jnp.result_type(sim, float))
     logits = sim / temperature
+    if targets is None and targets_t2i is None:
+        loss_i2t, loss_t2i = info_nce_directions(logits, where=where)
+        return 0.5 * (loss_i2t + loss_t2i)
     if targets_t2i is None and targets is not None:
         targets_t2i = jnp.asarray(targets).T
     loss_i2t = info_nce(logits, targets, where=where)
     loss_t2i = info_nce(logits.T, targets_t2i, where=where)
     return 0.5 * (loss_i2t + loss_t2i)
+
+
+def info_nce_directions(logits: ArrayLike, *, where: ArrayLike | None = None):
+    r"""Both directions' InfoNCE with the identity's targets, ``(i2t [B], t2i [B])``:
+    :func:`info_nce` of ``logits`` and of ``logits.T``, the second reduced down the columns
+    of ``logits`` instead of along the rows of a transposed copy (at ``B = 4096`` on a CPU
+    the copy and its gradient's cost more than the loss: ``benchmarks/RESULTS.md``).
+
+    .. math:: \ell^{i2t}_b = \operatorname{lse}_c x_{bc} - x_{bb}, \qquad
+       \ell^{t2i}_b = \operatorname{lse}_i x_{ib} - x_{bb}
+
+    over the real candidates (``where``); 0 at padding.
+
+    Args:
+      logits: ``[B, B]`` scores, rows images, columns captions, pairs on the diagonal.
+      where: optional bool ``[B]``, the real pairs.
+
+    Returns:
+      ``(i2t, t2i)``, ``[B]`` each.
+    """
+    logits = jnp.asarray(logits)
+    logits = logits.astype(jnp.result_type(logits, float))
+    if logits.ndim != 2 or logits.shape[0] != logits.shape[1]:
+        raise ValueError(f"logits must be square [B, B], got {logits.shape}")
+    valid = masking.valid_rows(logits.shape[0], where)
+    rows, columns = valid[:, None], valid[None, :]
+    # As info_nce: a masked pair is no candidate, and a masked query's row (column) is
+    # zeros, so its softmax stays finite; its loss is zeroed below.
+    i2t = jnp.where(rows, jnp.where(columns, logits, -jnp.inf), 0.0)
+    t2i = jnp.where(columns, jnp.where(rows, logits, -jnp.inf), 0.0)
+    pair = jnp.diagonal(logits)
+    loss_i2t = jax.nn.logsumexp(i2t, axis=1) - pair
+    loss_t2i = jax.nn.logsumexp(t2i, axis=0) - pair
+    return jnp.where(valid, loss_i2t, 0.0), jnp.where(valid, loss_t2i, 0.0)

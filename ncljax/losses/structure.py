@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from ncljax import masking
-from ncljax.losses.contrastive import info_nce
+from ncljax.losses.contrastive import info_nce, symmetric_info_nce
 
 
 def _square(x: ArrayLike, name: str) -> jax.Array:
@@ -107,7 +107,7 @@ def gsc_cross_modal_loss(
     sim = _square(sim, "sim")
     y, valid = _labels(labels, sim.shape[0], sim.dtype, where)
     logits = sim / temperature
-    nll = 0.5 * (info_nce(logits, where=valid) + info_nce(logits.T, where=valid))
+    nll = symmetric_info_nce(logits, where=valid)
     return y * nll
 
 

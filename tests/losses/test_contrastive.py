@@ -8,7 +8,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
-from ncljax.losses import info_nce, symmetric_info_nce
+from ncljax.losses import info_nce, info_nce_directions, symmetric_info_nce
 
 RTOL = ATOL = 1e-5
 
@@ -127,6 +127,31 @@ def test_info_nce_matches_oracle(num, masked, soft):
     got = info_nce(logits, targets if soft else None, where=where if masked else None)
     want = np_info_nce(logits.astype(np.float64), targets if soft else None, where)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("num", [1, 2, 5, 16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_both_directions_match_the_oracle_and_the_transposed_form(num, masked):
+    sim, _, where = random_case(num, num, masked)
+    logits = sim * 5.0
+    mask = where if masked else None
+    i2t, t2i = info_nce_directions(logits, where=mask)
+    np.testing.assert_allclose(
+        i2t, np_info_nce(logits.astype(np.float64), None, where), rtol=RTOL, atol=ATOL
+    )
+    np.testing.assert_allclose(
+        t2i, np_info_nce(logits.T.astype(np.float64), None, where), rtol=RTOL, atol=ATOL
+    )
+
+    def down_the_columns(x):
+        return info_nce_directions(x, where=mask)[1].sum()
+
+    def transposed(x):
+        return info_nce(x.T, where=mask).sum()
+
+    np.testing.assert_allclose(
+        jax.grad(down_the_columns)(logits), jax.grad(transposed)(logits), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("num", [1, 2, 5, 16])
