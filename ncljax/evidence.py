@@ -70,15 +70,21 @@ def _classes(num: int, where: ArrayLike | None) -> jax.Array:
     return masking.valid_rows(num, where, name="where (one flag per class)")
 
 
-def _normaliser(log_a: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(m, S)`` with ``Lambda = e^m S``: ``m`` the row's largest ``log alpha``, ``S`` the sum
-    of ``alpha / e^m`` over the real classes (``[..., 1]`` each). Ratios ``x / Lambda`` are
-    then ``(x / e^m) / S``, exact for any ``Lambda`` (``exp(l - log Lambda)`` would inherit
-    the rounding of a large ``log Lambda``)."""
+def _normaliser(log_a: jax.Array, valid: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+    """``(m, S)`` with ``Lambda = e^m S``: ``m`` the query's largest ``log alpha``, ``S`` the
+    sum of ``alpha / e^m`` over the real classes (along ``axis``, kept as size 1). Ratios
+    ``x / Lambda`` are then ``(x / e^m) / S``, exact for any ``Lambda`` (``exp(l - log
+    Lambda)`` would inherit the rounding of a large ``log Lambda``)."""
     masked = jnp.where(valid, log_a, -jnp.inf)
-    shift = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
-    total = jnp.exp(masked - shift).sum(-1, keepdims=True)
+    shift = jax.lax.stop_gradient(jnp.max(masked, axis=axis, keepdims=True))
+    total = jnp.exp(masked - shift).sum(axis, keepdims=True)
     return shift, total
+
+
+def _class_mask(num_dims: int, valid: jax.Array, axis: int) -> jax.Array:
+    """The classes' mask ``[K]`` shaped to broadcast along ``axis`` of a ``num_dims`` array."""
+    axis = axis % num_dims
+    return valid.reshape((-1,) + (1,) * (num_dims - 1 - axis))
 
 
 def log_evidence(
@@ -243,7 +249,7 @@ def fuse_log_evidence(
 
 
 def edl_squared_error(
-    log_e: ArrayLike, target: ArrayLike, *, where: ArrayLike | None = None
+    log_e: ArrayLike, target: ArrayLike, *, where: ArrayLike | None = None, axis: int = -1
 ) -> jax.Array:
     r"""Expected squared error under each query's Dirichlet (EDL; UGNCL Eq. 12).
 
@@ -256,18 +262,20 @@ def edl_squared_error(
       log_e: ``[Q, K]`` log-evidence of each query over the classes.
       target: ``[Q, K]`` targets ``y`` in ``[0, 1]``.
       where: optional bool ``[K]``, the real classes.
+      axis: the classes' axis (-1); ``axis=0`` reads each column of a ``[K, Q]`` matrix
+        as a query, as ``log_e.T`` would without the transposed copy.
 
     Returns:
       ``[Q]`` per-query loss.
     """
     log_a = log_alpha(log_e)
     target = _float(target)
-    valid = _classes(log_a.shape[-1], where)
-    shift, total = _normaliser(log_a, valid)
+    valid = _class_mask(log_a.ndim, _classes(log_a.shape[axis], where), axis)
+    shift, total = _normaliser(log_a, valid, axis)
     mean = jnp.exp(jnp.where(valid, log_a, -jnp.inf) - shift) / total
     inverse_strength_plus_one = jnp.exp(-shift) / (total + jnp.exp(-shift))
     terms = jnp.square(target - mean) + mean * (1.0 - mean) * inverse_strength_plus_one
-    return jnp.where(valid, terms, 0.0).sum(-1)
+    return jnp.where(valid, terms, 0.0).sum(axis)
 
 
 def _r_of_log(log_a: jax.Array) -> jax.Array:
@@ -293,7 +301,9 @@ def _digamma_of_log(log_a: jax.Array) -> jax.Array:
     return jnp.where(large, series, exact)
 
 
-def dirichlet_kl_uniform(log_alpha_: ArrayLike, *, where: ArrayLike | None = None) -> jax.Array:
+def dirichlet_kl_uniform(
+    log_alpha_: ArrayLike, *, where: ArrayLike | None = None, axis: int = -1
+) -> jax.Array:
     r"""``KL[Dir(alpha) || Dir(1)]`` per query, from ``log alpha`` (UGNCL Eq. 13).
 
     .. math::
@@ -309,15 +319,17 @@ def dirichlet_kl_uniform(log_alpha_: ArrayLike, *, where: ArrayLike | None = Non
     Args:
       log_alpha_: ``[Q, K]`` log Dirichlet parameters (``alpha >= 1``, e.g. ``alpha-tilde``).
       where: optional bool ``[K]``, the real classes; ``K`` counts only them.
+      axis: the classes' axis (-1; 0 for the columns of a ``[K, Q]`` matrix).
 
     Returns:
       ``[Q]`` per-query KL divergence (``>= 0``).
     """
     log_a = jnp.maximum(_float(log_alpha_), 0.0)
-    valid = _classes(log_a.shape[-1], where)
-    num = valid.sum().astype(log_a.dtype)
-    log_strength = jax.nn.logsumexp(jnp.where(valid, log_a, -jnp.inf), axis=-1)
-    per_class = jnp.where(valid, _r_of_log(jnp.where(valid, log_a, 0.0)), 0.0).sum(-1)
+    classes = _classes(log_a.shape[axis], where)
+    num = classes.sum().astype(log_a.dtype)
+    valid = _class_mask(log_a.ndim, classes, axis)
+    log_strength = jax.nn.logsumexp(jnp.where(valid, log_a, -jnp.inf), axis=axis)
+    per_class = jnp.where(valid, _r_of_log(jnp.where(valid, log_a, 0.0)), 0.0).sum(axis)
     return (
         _r_of_log(log_strength)
         + (num - 1.0) * _digamma_of_log(log_strength)

@@ -44,14 +44,6 @@ def row_block(num: int, block_rows: int | None) -> int:
     return num
 
 
-def own_columns(rows: int, num: int, first_row=None) -> jax.Array:
-    """Float ``[rows, num]``: 1 where a query row meets its own pair's column (the
-    identity of a square matrix; of a block, its rows from ``first_row`` on)."""
-    first = 0 if first_row is None else first_row
-    own = jnp.arange(num)[None, :] == (jnp.arange(rows) + first)[:, None]
-    return own.astype(jnp.float32)
-
-
 def by_row_blocks(fn, matrix: jax.Array, block: int, *rows, checkpoint: bool = False):
     """``fn(rows_of_matrix, first_row, *rows_of_each_row_array)`` over blocks of ``block``
     consecutive rows of ``matrix`` (``lax.map``; each block's outputs, ``[block, ...]``,

@@ -49,8 +49,3 @@ def test_by_row_blocks_maps_blocks_of_rows_in_order():
             got = masking.by_row_blocks(fn, x, block, extra, checkpoint=checkpoint)
             np.testing.assert_allclose(got[0], np.asarray(x).sum(1) + np.asarray(extra))
             np.testing.assert_allclose(got[1], np.diagonal(np.asarray(x)))
-
-
-def test_own_columns_is_the_identity_of_a_block():
-    np.testing.assert_array_equal(masking.own_columns(3, 3), np.eye(3))
-    np.testing.assert_array_equal(masking.own_columns(2, 5, 3), np.eye(5)[3:5])

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from ncljax import evidence, masking
+from ncljax import evidence
 from ncljax.losses.contrastive import symmetric_info_nce
 from ncljax.losses.ranking import hinge_costs
 
@@ -42,6 +42,7 @@ def edl_loss(
     *,
     kl_weight: float = 0.1,
     where: ArrayLike | None = None,
+    axis: int = -1,
 ) -> jax.Array:
     r"""Evidential loss of each query (UGNCL Eq. 14; Sensoy et al. 2018).
 
@@ -56,13 +57,15 @@ def edl_loss(
       target: ``[Q, K]`` targets ``y`` in ``[0, 1]`` (a constant).
       kl_weight: :math:`\xi_1` (0.1, constant); a Python 0 skips the KL term.
       where: optional bool ``[K]``, the real classes.
+      axis: the classes' axis (-1); 0 reads the columns of ``[K, Q]`` inputs as the
+        queries, as their transposes would without the copy.
 
     Returns:
       ``[Q]``.
     """
     log_e = jnp.asarray(log_e)
     target = _SG(jnp.asarray(target, log_e.dtype))
-    squared = evidence.edl_squared_error(log_e, target, where=where)
+    squared = evidence.edl_squared_error(log_e, target, where=where, axis=axis)
     if isinstance(kl_weight, int | float) and kl_weight == 0:
         # No KL term: its log-gamma and digamma over every [Q, K] entry (and their
         # gradients) are the step's dearest work, and 0 times it is 0 where it is finite.
@@ -70,7 +73,7 @@ def edl_loss(
     log_a = evidence.log_alpha(log_e)
     # log(y + (1 - y) alpha), exact at y = 0 and y = 1.
     log_a_tilde = jnp.logaddexp(jnp.log(target), jnp.log1p(-target) + log_a)
-    kl = evidence.dirichlet_kl_uniform(log_a_tilde, where=where)
+    kl = evidence.dirichlet_kl_uniform(log_a_tilde, where=where, axis=axis)
     return squared + kl_weight * kl
 
 
@@ -251,7 +254,6 @@ def ugncl_loss(
     where: ArrayLike | None = None,
     max_negatives: int | None = None,
     min_negatives: int | None = None,
-    block_rows: int | None = None,
 ) -> tuple[jax.Array, UGNCLTerms]:
     r"""UGNCL's overall objective of a batch (Eq. 18) as per-pair shares.
 
@@ -289,11 +291,6 @@ def ugncl_loss(
         top-``lambda`` means select that many entries per row instead of sorting rows.
       min_negatives: the schedule's static floor: a count at or below it selects only
         that many (:func:`top_k_mean`'s ``min_k``).
-      block_rows: the evidential loss of each view and direction ``block_rows`` query rows
-        at a time where ``K`` is a larger multiple of it (static; ``None`` or 0: all rows
-        at once; ``ncljax.masking.by_row_blocks``). Each query's loss reads its own row:
-        the same values to round-off, with each block's passes in cache.
-
     Returns:
       ``(shares [K], UGNCLTerms)``.
     """
@@ -315,17 +312,14 @@ def ugncl_loss(
     valid = jnp.ones(num, bool) if where is None else jnp.asarray(where, bool)
     real = valid.sum()
     y = jnp.ones(num, log_e_views.dtype) if warmup else _SG(jnp.asarray(labels, log_e_views.dtype))
-    block = masking.row_block(num, block_rows)
-
-    def rows(log_e, first, y_rows):  # a block of queries: its targets y on the own class
-        own = masking.own_columns(log_e.shape[0], num, first)
-        return edl_loss(log_e, own * y_rows[:, None], kl_weight=kl_weight, where=valid)
+    eye = jnp.eye(num, dtype=log_e_views.dtype)
 
     def both_directions(log_e):
-        return sum(
-            masking.by_row_blocks(rows, view, block, y, checkpoint=True)
-            for view in (log_e, log_e.T)
-        )
+        # the caption queries are the columns (axis 0): no transposed copy of the [K, K]
+        # matrix, or of its gradient, which at large K cost more than the loss itself
+        i2t = edl_loss(log_e, eye * y[:, None], kl_weight=kl_weight, where=valid)
+        t2i = edl_loss(log_e, eye * y[None, :], kl_weight=kl_weight, where=valid, axis=0)
+        return i2t + t2i
 
     if edl_view_aggregation == "dst" and num_views > 1:
         evidential = both_directions(evidence.fuse_log_evidence(log_e_views, real))

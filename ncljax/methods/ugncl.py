@@ -213,12 +213,6 @@ class Settings(NamedTuple):
         [code lineage: NCR's and DECL's ``drop_last``]; ``False`` (the ``:vectors``
         config) trains it too: a folder of 369 training pairs then makes 3 steps an epoch
         instead of 2.
-      block_rows: the evidential loss of each view and direction is computed this many
-        query rows at a time where the batch is a larger multiple of it
-        (``ncljax.losses.ugncl_loss``'s ``block_rows``; 0: the whole batch at once)
-        [ncljax: 256]. The same objective to round-off, with each block's passes in cache
-        (benchmarks/RESULTS.md has the step at batches 1024 and 4096). Batches of 256
-        pairs or fewer (the paper's 128) are one block whatever it is.
 
     The factory also takes ``model_config``, the run's ``model`` config section (given by
     the trainer, not a hyperparameter): the head decides what ``R`` is at evaluation.
@@ -252,7 +246,6 @@ class Settings(NamedTuple):
     full_batches: bool = True
     ranking: str = "trusted"
     contrastive_temperature: float = 0.07
-    block_rows: int = 256
 
 
 _CHOICES = {
@@ -280,7 +273,6 @@ CHECKS |= {
     "cosine_shift": settings.FINITE,
     "warmup_epochs": settings.NON_NEGATIVE_INT,
     "full_batches": settings.BOOLEAN,
-    "block_rows": settings.NON_NEGATIVE_INT,
     "max_log_evidence": settings.optional(settings.POSITIVE, "no clip"),
 }
 
@@ -501,7 +493,6 @@ def objective(
         # lambda anneals from lambda_start down to theta: a static bound on it
         max_negatives=max(s.lambda_start, s.theta),
         min_negatives=s.theta,  # where it stays once annealed
-        block_rows=s.block_rows,
         **phase,
     )
 

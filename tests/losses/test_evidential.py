@@ -595,42 +595,27 @@ def test_one_device_equals_eight(devices):
     np.testing.assert_allclose(np.asarray(sharded[0])[where].mean(), total, rtol=RTOL)
 
 
-@pytest.mark.parametrize(
-    ("warmup", "aggregation", "ranking", "kl_weight"),
-    [
-        (False, "per_view_mean", "contrastive", 0.0),
-        (False, "dst", "trusted", 0.1),
-        (True, "per_view_mean", "trusted", 0.1),
-    ],
-)
-def test_blocks_of_rows_give_the_whole_batch_objective_and_gradient(
-    warmup, aggregation, ranking, kl_weight
-):
-    """``block_rows=4``: each view's and direction's evidential loss four query rows at a
-    time; the same shares, terms and gradients as all twelve rows at once."""
-    num = 12
-    _, _, labels, codes, margins = batch(280, 2, num=num)
-    raw = np.random.default_rng(281).uniform(-3.0, 0.6, (2, num, num)).astype(np.float32)
-    where = np.arange(num) % 5 != 3
+@pytest.mark.parametrize("kl_weight", [0.0, 0.1])
+def test_the_columns_as_queries_equal_the_transposed_rows(kl_weight):
+    """``axis=0``: each column of a ``[K, Q]`` matrix is a query, with its values and
+    gradients those of the rows of the transpose (which ``ugncl_loss`` no longer copies)."""
+    rng = np.random.default_rng(290)
+    log_e = rng.uniform(-3.0, 4.0, (6, 9)).astype(np.float32)  # 6 classes, 9 queries
+    target = np.zeros((6, 9), np.float32)
+    target[rng.integers(0, 6, 9), np.arange(9)] = rng.uniform(0.2, 1.0, 9)
+    where = np.array([True, True, False, True, True, True])
 
-    @functools.partial(jax.jit, static_argnums=1)
-    def run(r, block_rows):
-        def total(r):
-            shares, terms = ugncl_loss(
-                evidence.log_evidence(r), jnp.tanh(r), labels=labels, codes=codes,
-                margins=margins, num_negatives=3, warmup=warmup, ranking=ranking,
-                edl_view_aggregation=aggregation, kl_weight=kl_weight, where=where,
-                max_negatives=5, block_rows=block_rows,
-            )  # fmt: skip
-            return shares.sum(), (shares, terms)
+    def columns(x):
+        return edl_loss(x, target, kl_weight=kl_weight, where=where, axis=0)
 
-        return jax.value_and_grad(total, has_aux=True)(r)
+    def rows(x):
+        return edl_loss(x.T, target.T, kl_weight=kl_weight, where=where)
 
-    (_, (whole, whole_terms)), whole_grad = run(raw, 0)
-    (_, (blocks, block_terms)), block_grad = run(raw, 4)
-    np.testing.assert_allclose(blocks, whole, rtol=1e-6, atol=1e-6)
-    for got, want in zip(block_terms, whole_terms, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    # float32 round-off of the KL's log-gamma and digamma terms (gradients up to ~10)
-    np.testing.assert_allclose(block_grad, whole_grad, rtol=2e-4, atol=2e-5)
-    assert np.abs(np.asarray(whole_grad)).max() > 0 and np.asarray(whole)[where].all()
+    np.testing.assert_allclose(columns(log_e), rows(log_e), rtol=1e-6, atol=1e-7)
+    grads = [jax.grad(lambda x, f=f: f(x).sum())(log_e) for f in (columns, rows)]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    assert np.abs(grads[0]).max() > 0
+    kl = evidence.dirichlet_kl_uniform(np.abs(log_e), where=where, axis=0)
+    np.testing.assert_allclose(
+        kl, evidence.dirichlet_kl_uniform(np.abs(log_e).T, where=where), rtol=1e-6
+    )
