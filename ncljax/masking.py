@@ -45,18 +45,24 @@ def row_block(num: int, block_rows: int | None) -> int:
 
 
 def by_row_blocks(fn, matrix: jax.Array, block: int, *rows, checkpoint: bool = False):
-    """``fn(rows_of_matrix, first_row, *rows_of_each_row_array)`` over blocks of ``block``
-    consecutive rows of ``matrix`` (``lax.map``; each block's outputs, ``[block, ...]``,
-    concatenated in order), or one call with ``first_row=None`` where ``block`` covers
+    """``fn(rows_of_matrix, row_indices, *rows_of_each_row_array)`` over blocks of
+    ``block`` rows of ``matrix`` (``lax.map``; the outputs, ``[block, ...]`` per block, put
+    back in the rows' order), or one call with ``row_indices=None`` where ``block`` covers
     the matrix.
 
     Each row of an in-batch loss (a query against its ``B`` candidates) is a function of
     its own row. Its elementwise passes over a block of a few hundred rows stay in cache,
     where over the whole ``[B, B]`` matrix at large ``B`` each goes through memory.
 
+    A block takes every ``B / block``-th row (block ``j``: rows ``j, j + B / block, ...``),
+    not consecutive ones: a batch sharded by rows over ``n`` devices (``block`` a multiple
+    of ``n``) then gives each device its own share of every block, and the loop runs on
+    every device at once instead of on one block of one device's rows at a time.
+
     Args:
-      fn: ``fn(block [b, ...], first_row, *row_blocks) -> pytree of [b, ...]``; ``first_row``
-        is a traced int (``None`` for the one block).
+      fn: ``fn(block [b, ...], row_indices [b], *row_blocks) -> pytree of [b, ...]``;
+        ``row_indices`` (traced int) are the block's rows in ``matrix``, ``None`` for the
+        one block.
       matrix: ``[B, ...]``.
       block: rows per block (:func:`row_block`).
       *rows: arrays ``[B, ...]`` whose rows go with the matrix's.
@@ -69,7 +75,12 @@ def by_row_blocks(fn, matrix: jax.Array, block: int, *rows, checkpoint: bool = F
         return fn(matrix, None, *rows)
     count = num // block
     body = jax.checkpoint(fn) if checkpoint else fn
-    split = [x.reshape(count, block, *x.shape[1:]) for x in (matrix, *rows)]
-    firsts = jnp.arange(count) * block
-    out = jax.lax.map(lambda a: body(a[0], a[1], *a[2:]), (split[0], firsts, *split[1:]))
-    return jax.tree.map(lambda o: o.reshape(num, *o.shape[2:]), out)
+
+    def split(x):  # [B, ...] -> [count, block, ...]: block j holds rows j + count * k
+        return jnp.swapaxes(x.reshape(block, count, *x.shape[1:]), 0, 1)
+
+    indices = split(jnp.arange(num))
+    out = jax.lax.map(
+        lambda a: body(a[0], a[1], *a[2:]), (split(matrix), indices, *map(split, rows))
+    )
+    return jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1).reshape(num, *o.shape[2:]), out)

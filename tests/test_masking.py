@@ -38,14 +38,25 @@ def test_row_block_divides_the_batch_or_keeps_it_whole():
 def test_by_row_blocks_maps_blocks_of_rows_in_order():
     x = jnp.arange(36.0).reshape(6, 6)
     extra = jnp.arange(6.0) * 10
+    seen = []
 
-    def fn(block, first, e):  # each row's sum plus its extra value, and its own entry
-        rows = jnp.arange(block.shape[0])
-        own = block[rows, rows + (0 if first is None else first)]
+    def fn(block, rows, e):  # each row's sum plus its extra value, and its own entry
+        index = jnp.arange(block.shape[0]) if rows is None else rows
+        own = jnp.take_along_axis(block, index[:, None], axis=1)[:, 0]
+        seen.append(None if rows is None else rows.shape)
         return block.sum(1) + e, own
 
-    for block in (1, 2, 3, 6):  # 6: one call, first_row None
+    for block in (1, 2, 3, 6):  # 6: one call, rows None
         for checkpoint in (False, True):
             got = masking.by_row_blocks(fn, x, block, extra, checkpoint=checkpoint)
             np.testing.assert_allclose(got[0], np.asarray(x).sum(1) + np.asarray(extra))
             np.testing.assert_allclose(got[1], np.diagonal(np.asarray(x)))
+    assert (2,) in seen and None in seen
+
+
+def test_a_block_takes_every_count_th_row():
+    got = masking.by_row_blocks(lambda block, rows: rows, jnp.zeros((6, 6)), 2)
+    np.testing.assert_array_equal(got, np.arange(6))  # each row's own index, in order
+    blocks = []
+    masking.by_row_blocks(lambda block, rows: blocks.append(rows) or rows, jnp.zeros((6, 6)), 2)
+    assert blocks[0].shape == (2,)  # traced: block j holds rows j and j + 3

@@ -7,11 +7,11 @@ of a padded batch: a padding pair is neither a query nor a candidate, and its ow
 (``False`` for masks).
 
 *Row blocks.* Every quantity of a query is a function of its own row. The functions that read
-the matrix also take ``first_row``: the matrix is then a block of ``b`` consecutive rows of
-the ``[B, B]`` matrix, starting at that row (the row's own pair in column ``first_row + k``;
-``where`` still ``[B]``), and they return the block's ``b`` rows of what the whole matrix
-gives. ``ncljax.methods.srem.srem_loss`` (``block_rows``) runs its passes so, a few hundred
-rows at a time, so that they stay in cache at large batches.
+the matrix also take ``rows``: the matrix is then a block of ``b`` rows of the ``[B, B]``
+matrix, ``rows`` their indices (a row's own pair is the column of its index; ``where`` still
+``[B]``), and they return those ``b`` rows of what the whole matrix gives.
+``ncljax.methods.srem.srem_loss`` (``block_rows``) runs its passes so, a few hundred rows at
+a time, so that they stay in cache at large batches.
 
 * :func:`energy` (Eq. 1), :func:`clean_mask` (Eq. 2, the energy threshold and the maximum
   similarity constraint), :func:`partner_p_value` and :func:`partner_test_mask` (a division
@@ -47,15 +47,13 @@ from ncljax import masking
 _SG = jax.lax.stop_gradient
 
 
-def _square(
-    matrix: ArrayLike, name: str = "logits", first_row: ArrayLike | None = None
-) -> jax.Array:
-    """The matrix as floats: square ``[B, B]``, or with ``first_row`` a block of ``b <= B``
-    consecutive rows of one (the module's "row blocks")."""
+def _square(matrix: ArrayLike, name: str = "logits", block: bool = False) -> jax.Array:
+    """The matrix as floats: square ``[B, B]``, or with ``block`` a block of ``b <= B`` rows
+    of one (the module's "row blocks")."""
     matrix = jnp.asarray(matrix)
-    if first_row is None and (matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]):
+    if not block and (matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]):
         raise ValueError(f"{name} must be square [B, B] (queries x candidates), got {matrix.shape}")
-    if first_row is not None and (matrix.ndim != 2 or matrix.shape[0] > matrix.shape[1]):
+    if block and (matrix.ndim != 2 or matrix.shape[0] > matrix.shape[1]):
         raise ValueError(f"a block of {name} must be [b, B] with b <= B, got {matrix.shape}")
     return matrix.astype(jnp.result_type(matrix, jnp.float32))
 
@@ -63,34 +61,33 @@ def _square(
 valid_rows = masking.valid_rows  # bool [B]: the real pairs (all when where is None)
 
 
-def _partners(matrix: jax.Array, first_row: ArrayLike | None) -> jax.Array:
+def _partners(matrix: jax.Array, rows: ArrayLike | None) -> jax.Array:
     """int ``[b]``: the column of each row's own pair (its row index in the whole matrix)."""
-    rows = jnp.arange(matrix.shape[0])
-    return rows if first_row is None else rows + first_row
+    return jnp.arange(matrix.shape[0]) if rows is None else jnp.asarray(rows)
 
 
 def _candidates(
-    matrix: jax.Array, where: ArrayLike | None, first_row: ArrayLike | None = None
+    matrix: jax.Array, where: ArrayLike | None, rows: ArrayLike | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(valid [b], candidates [b, B], own [b, B])``: a real query row against its real
     candidates, and each row's own pair."""
-    partner = _partners(matrix, first_row)
+    partner = _partners(matrix, rows)
     columns = valid_rows(matrix.shape[1], where)
-    valid = columns if first_row is None else columns[partner]
+    valid = columns if rows is None else columns[partner]
     own = jnp.arange(matrix.shape[1])[None, :] == partner[:, None]
     return valid, valid[:, None] & columns[None, :], own
 
 
-def _own_values(matrix: jax.Array, first_row: ArrayLike | None) -> jax.Array:
+def _own_values(matrix: jax.Array, rows: ArrayLike | None) -> jax.Array:
     """``[b]``: each row's entry at its own pair (the diagonal of a square matrix)."""
-    if first_row is None:
+    if rows is None:
         return jnp.diagonal(matrix)
-    partner = _partners(matrix, first_row)
+    partner = _partners(matrix, rows)
     return jnp.take_along_axis(matrix, partner[:, None], axis=1)[:, 0]
 
 
 def energy(
-    logits: ArrayLike, *, where: ArrayLike | None = None, first_row: ArrayLike | None = None
+    logits: ArrayLike, *, where: ArrayLike | None = None, rows: ArrayLike | None = None
 ) -> jax.Array:
     r"""Energy of each query (Eq. 1): the negative log-sum-exp of its row of logits.
 
@@ -102,9 +99,9 @@ def energy(
     Args:
       logits: ``[B, B]`` logits ``F`` in direction view.
       where: optional bool ``[B]``, the real pairs; padding is no candidate.
-      first_row: optional; ``logits`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``logits`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       ``[B]`` energies (gradient flows), 0 at padding rows.
@@ -113,8 +110,8 @@ def energy(
       Dang et al., "Noisy Correspondence Learning with Self-Reinforcing Errors Mitigation",
       AAAI 2024, Eq. 1; Liu et al., "Energy-based Out-of-distribution Detection", NeurIPS 2020.
     """
-    logits = _square(logits, first_row=first_row)
-    valid, candidates, _ = _candidates(logits, where, first_row)
+    logits = _square(logits, block=rows is not None)
+    valid, candidates, _ = _candidates(logits, where, rows)
     # A padding row reads its whole (finite) row, so no -inf reaches the gradient; it is
     # zeroed below.
     lse = jax.nn.logsumexp(jnp.where(candidates | ~valid[:, None], logits, -jnp.inf), axis=1)
@@ -131,7 +128,7 @@ def clean_mask(
     threshold: float,
     *,
     where: ArrayLike | None = None,
-    first_row: ArrayLike | None = None,
+    rows: ArrayLike | None = None,
 ) -> jax.Array:
     r"""The clean split of one direction (Eq. 2): low energy and the partner ranked first.
 
@@ -144,9 +141,9 @@ def clean_mask(
       logits: ``[B, B]`` logits in direction view.
       threshold: the energy threshold :math:`\tau`.
       where: optional bool ``[B]``, the real pairs.
-      first_row: optional; ``logits`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``logits`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       bool ``[B]`` (no gradient), ``False`` at padding.
@@ -155,15 +152,15 @@ def clean_mask(
       Dang et al., AAAI 2024, Eq. 2; Qin et al., "Deep Evidential Learning with Noisy
       Correspondence for Cross-modal Retrieval" (DECL), ACM MM 2022.
     """
-    logits = _SG(_square(logits, first_row=first_row))
-    valid, candidates, _ = _candidates(logits, where, first_row)
-    first = _masked_argmax(logits, candidates) == _partners(logits, first_row)
-    low = energy(logits, where=where, first_row=first_row) < threshold
+    logits = _SG(_square(logits, block=rows is not None))
+    valid, candidates, _ = _candidates(logits, where, rows)
+    first = _masked_argmax(logits, candidates) == _partners(logits, rows)
+    low = energy(logits, where=where, rows=rows) < threshold
     return valid & first & low
 
 
 def partner_p_value(
-    logits: ArrayLike, *, where: ArrayLike | None = None, first_row: ArrayLike | None = None
+    logits: ArrayLike, *, where: ArrayLike | None = None, rows: ArrayLike | None = None
 ) -> jax.Array:
     r"""Each query's in-batch permutation p-value of its partner's logit (ncljax's).
 
@@ -180,17 +177,17 @@ def partner_p_value(
     Args:
       logits: ``[B, B]`` logits in direction view.
       where: optional bool ``[B]``, the real pairs.
-      first_row: optional; ``logits`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``logits`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       ``[B]`` p-values in ``(0, 1]`` (no gradient), 1 at padding.
     """
-    logits = _SG(_square(logits, first_row=first_row))
-    valid, candidates, own = _candidates(logits, where, first_row)
+    logits = _SG(_square(logits, block=rows is not None))
+    valid, candidates, own = _candidates(logits, where, rows)
     others = candidates & ~own
-    beaten = jnp.sum(others & (logits >= _own_values(logits, first_row)[:, None]), axis=1)
+    beaten = jnp.sum(others & (logits >= _own_values(logits, rows)[:, None]), axis=1)
     real = valid_rows(logits.shape[1], where)
     n = jnp.maximum(jnp.sum(real), 1).astype(logits.dtype)
     return jnp.where(valid, (1.0 + beaten.astype(logits.dtype)) / n, 1.0)
@@ -201,7 +198,7 @@ def partner_test_mask(
     level: float,
     *,
     where: ArrayLike | None = None,
-    first_row: ArrayLike | None = None,
+    rows: ArrayLike | None = None,
 ) -> jax.Array:
     """The clean split of one direction by the partner test (ncljax's): the pairs whose
     :func:`partner_p_value` is at most ``level``.
@@ -218,15 +215,15 @@ def partner_test_mask(
       logits: ``[B, B]`` logits in direction view.
       level: the test's level in ``(0, 1]``.
       where: optional bool ``[B]``, the real pairs.
-      first_row: optional; ``logits`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``logits`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       bool ``[B]`` (no gradient), ``False`` at padding.
     """
-    p = partner_p_value(logits, where=where, first_row=first_row)
-    return partner_test(p, level, where=where, first_row=first_row)
+    p = partner_p_value(logits, where=where, rows=rows)
+    return partner_test(p, level, where=where, rows=rows)
 
 
 def partner_test(
@@ -234,13 +231,13 @@ def partner_test(
     level: float,
     *,
     where: ArrayLike | None = None,
-    first_row: ArrayLike | None = None,
+    rows: ArrayLike | None = None,
 ) -> jax.Array:
     """:func:`partner_test_mask` from the p-values :func:`partner_p_value` gave (``[b]``,
-    with ``where`` and ``first_row`` as given to it)."""
+    with ``where`` and ``rows`` as given to it)."""
     p = jnp.asarray(p_values)
     real = valid_rows(p.shape[0] if where is None else jnp.shape(where)[0], where)
-    valid = real if first_row is None else real[jnp.arange(p.shape[0]) + first_row]
+    valid = real if rows is None else real[jnp.asarray(rows)]
     smallest = 1.0 / jnp.maximum(jnp.sum(real), 1).astype(p.dtype)
     return valid & (p <= jnp.maximum(level, smallest))
 
@@ -280,7 +277,7 @@ def combine_clean_masks(
 
 
 def normalized_entropy(
-    logits: ArrayLike, *, where: ArrayLike | None = None, first_row: ArrayLike | None = None
+    logits: ArrayLike, *, where: ArrayLike | None = None, rows: ArrayLike | None = None
 ) -> jax.Array:
     r"""Entropy of each query's in-batch softmax, divided by its maximum (Eq. 4).
 
@@ -292,9 +289,9 @@ def normalized_entropy(
     Args:
       logits: ``[B, B]`` logits in direction view.
       where: optional bool ``[B]``, the real pairs.
-      first_row: optional; ``logits`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``logits`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       ``[B]`` in ``[0, 1]`` (no gradient), 0 at padding and when there is one candidate.
@@ -302,8 +299,8 @@ def normalized_entropy(
     References:
       Dang et al., AAAI 2024, Eq. 4.
     """
-    logits = _SG(_square(logits, first_row=first_row))
-    valid, candidates, _ = _candidates(logits, where, first_row)
+    logits = _SG(_square(logits, block=rows is not None))
+    valid, candidates, _ = _candidates(logits, where, rows)
     log_p = jax.nn.log_softmax(logits, axis=1, where=candidates)
     plogp = jnp.where(candidates, jnp.exp(log_p) * log_p, 0.0)
     count = candidates.sum(1)
@@ -312,16 +309,16 @@ def normalized_entropy(
 
 
 def hard_negative_index(
-    logits: ArrayLike, *, where: ArrayLike | None = None, first_row: ArrayLike | None = None
+    logits: ArrayLike, *, where: ArrayLike | None = None, rows: ArrayLike | None = None
 ) -> jax.Array:
     r"""The hardest in-batch negative of each query: :math:`\phi(i) = \arg\max_{j \ne i} F_{ij}`.
 
     Args:
       logits: ``[B, B]`` logits (or sigmoid scores: the same order) in direction view.
       where: optional bool ``[B]``, the real pairs; padding is never a negative.
-      first_row: optional; ``logits`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``logits`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       int32 ``[B]`` (no gradient; ties to the lowest index). A query without a real negative
@@ -330,11 +327,11 @@ def hard_negative_index(
     References:
       Dang et al., AAAI 2024, Eq. 6; Faghri et al., VSE++, BMVC 2018.
     """
-    logits = _SG(_square(logits, first_row=first_row))
-    _, candidates, own = _candidates(logits, where, first_row)
+    logits = _SG(_square(logits, block=rows is not None))
+    _, candidates, own = _candidates(logits, where, rows)
     negatives = candidates & ~own
     found = _masked_argmax(logits, negatives)
-    return jnp.where(negatives.any(1), found, _partners(logits, first_row)).astype(jnp.int32)
+    return jnp.where(negatives.any(1), found, _partners(logits, rows)).astype(jnp.int32)
 
 
 def hinge_argument(scores: ArrayLike, hard_negative: ArrayLike, margin: float) -> jax.Array:
@@ -415,7 +412,7 @@ def complementary_mask(
     hard_negative: ArrayLike,
     *,
     where: ArrayLike | None = None,
-    first_row: ArrayLike | None = None,
+    rows: ArrayLike | None = None,
 ) -> jax.Array:
     r"""The complementary candidates of each query (Eq. 11).
 
@@ -427,9 +424,9 @@ def complementary_mask(
     Args:
       clean: bool ``[B]``, the clean split of this direction.
       hard_negative: int ``[B]``, :math:`\phi`.
-      where: optional bool ``[B]``, the real pairs (required with ``first_row``).
-      first_row: optional; ``clean`` and ``hard_negative`` are then those of the block of
-        ``b`` rows that starts at this row, and the mask is the block's ``[b, B]``.
+      where: optional bool ``[B]``, the real pairs (required with ``rows``).
+      rows: optional int ``[b]``; ``clean`` and ``hard_negative`` are then those of the
+        block of these rows, and the mask is the block's ``[b, B]``.
 
     Returns:
       bool ``[B, B]`` (no gradient); all ``False`` on padding rows and columns.
@@ -438,11 +435,11 @@ def complementary_mask(
       Dang et al., AAAI 2024, Eq. 11.
     """
     clean = jnp.asarray(clean, bool)
-    if first_row is not None and where is None:
+    if rows is not None and where is None:
         raise ValueError("complementary_mask of a block of rows needs where ([B])")
     num = clean.shape[0] if where is None else jnp.shape(where)[0]
     shape = jax.ShapeDtypeStruct((clean.shape[0], num), bool)
-    _, candidates, own = _candidates(shape, where, first_row)
+    _, candidates, own = _candidates(shape, where, rows)
     columns = jnp.arange(num)
     hinge_negative = clean[:, None] & (columns[None, :] == jnp.asarray(hard_negative)[:, None])
     return candidates & ~own & ~hinge_negative
@@ -454,7 +451,7 @@ def ms_selection_probs(
     offset: float,
     *,
     where: ArrayLike | None = None,
-    first_row: ArrayLike | None = None,
+    rows: ArrayLike | None = None,
 ) -> jax.Array:
     r"""Biased selection probability of each complementary label (Eq. 10).
 
@@ -470,9 +467,9 @@ def ms_selection_probs(
       beta: sharpness :math:`\beta`.
       offset: offset :math:`b`.
       where: optional bool ``[B]``, the real pairs.
-      first_row: optional; ``scores`` is then the block of ``b`` rows of the ``[B, B]``
-        matrix that starts at this row (``[b, B]``, the row's own pair in column
-        ``first_row + k``; may be traced), and every output is the block's ``[b]``.
+      rows: optional int ``[b]``; ``scores`` is then the block of these rows of the
+        ``[B, B]`` matrix (``[b, B]``; a row's own pair in the column of its index; may be
+        traced), and every output is the block's ``[b]``.
 
     Returns:
       ``[B, B]`` in ``(0, 1)`` off the diagonal, 0 on it and at padding (no gradient).
@@ -481,8 +478,8 @@ def ms_selection_probs(
       Dang et al., AAAI 2024, Eq. 10; Wang et al., "Multi-Similarity Loss with General Pair
       Weighting for Deep Metric Learning", CVPR 2019.
     """
-    scores = _SG(_square(scores, "scores", first_row))
-    _, candidates, own = _candidates(scores, where, first_row)
+    scores = _SG(_square(scores, "scores", rows is not None))
+    _, candidates, own = _candidates(scores, where, rows)
     negatives = candidates & ~own
     z = jnp.where(negatives, beta * (scores - offset), -jnp.inf)
     log_norm = jnp.logaddexp(0.0, jax.nn.logsumexp(z, axis=1, keepdims=True))
@@ -512,7 +509,7 @@ def rectified_complementary_dist(
     References:
       Dang et al., AAAI 2024, Eqs. 11-12.
     """
-    selection = _SG(_square(selection, "selection", first_row=0))  # any block of rows
+    selection = _SG(_square(selection, "selection", block=True))  # any block of rows
     mask = jnp.asarray(mask, bool)
     logits = selection if rectify else jnp.zeros_like(selection)
     q = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=1, where=mask)

@@ -197,7 +197,7 @@ def complementary_loss(
     rcl_temperature: float = 0.05,
     form: str = "expectation",
     where: ArrayLike | None = None,
-    first_row: ArrayLike | None = None,
+    rows: ArrayLike | None = None,
 ) -> jax.Array:
     r"""Cross-modal biased complementary learning of one direction (CMBCL, Eq. 13).
 
@@ -236,10 +236,10 @@ def complementary_loss(
       rcl_temperature: :math:`\tau_{rcl}` of ``prob='rcl'`` (0.05).
       form: ``'expectation'``, ``'matmul_PQ'`` or ``'matmul_QtP'``.
       where: optional bool ``[B]``, the real pairs.
-      first_row: optional; ``logits``, ``q`` and ``mask`` are then the block of ``b`` rows
-        of the ``[B, B]`` matrices that starts at this row (``[b, B]``; may be traced), and
-        the result is the block's ``[b]`` (``form='expectation'`` only: the other forms
-        mix rows).
+      rows: optional int ``[b]``; ``logits``, ``q`` and ``mask`` are then the block of these
+        rows of the ``[B, B]`` matrices (``[b, B]``; a row's own pair in the column of its
+        index; may be traced), and the result is the block's ``[b]``
+        (``form='expectation'`` only: the other forms mix rows).
 
     Returns:
       ``[B]`` per query (>= 0), 0 at padding; the mean over the real pairs is :math:`L_c`.
@@ -250,17 +250,16 @@ def complementary_loss(
     """
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.result_type(logits, jnp.float32))
-    num = logits.shape[0]
     if reduction not in CL_REDUCTIONS:
         raise ValueError(f"cl_reduction must be one of {CL_REDUCTIONS}, got {reduction!r}")
     if prob not in CL_PROBS:
         raise ValueError(f"cl_prob must be one of {CL_PROBS}, got {prob!r}")
     if form not in ("expectation", "matmul_PQ", "matmul_QtP"):
         raise ValueError(f"form must be 'expectation', 'matmul_PQ' or 'matmul_QtP', got {form!r}")
-    if first_row is not None and form != "expectation":
-        raise ValueError(f"form={form!r} mixes rows: it has no block of rows (first_row)")
+    if rows is not None and form != "expectation":
+        raise ValueError(f"form={form!r} mixes rows: it cannot be computed on a block of rows")
     columns = masking.valid_rows(logits.shape[1], where)
-    valid = columns if first_row is None else columns[jnp.arange(num) + first_row]
+    valid = columns if rows is None else columns[jnp.asarray(rows)]
     candidates = valid[:, None] & columns[None, :]
     mask = _SG(jnp.asarray(mask, bool)) & candidates
     q = jnp.where(mask, _SG(jnp.asarray(q, logits.dtype)), 0.0)

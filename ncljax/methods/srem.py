@@ -945,9 +945,9 @@ def _batch_estimates(
     contrastive ranking, whose weights are 1) and ``gradient_weighting``."""
     num = valid.shape[0]
 
-    def rows(f, first, *, threshold):
+    def block_estimates(f, rows, *, threshold):
         f = jax.lax.stop_gradient(f)
-        at = dict(where=valid, first_row=first)
+        at = dict(where=valid, rows=rows)
         if partner_level is None:
             p = jnp.ones(f.shape[0], f.dtype)
             selected = selection.clean_mask(f, threshold, **at)
@@ -963,7 +963,9 @@ def _batch_estimates(
         return selected, phi, entropy, p
 
     found = {
-        d: masking.by_row_blocks(functools.partial(rows, threshold=thresholds[d]), f, block)
+        d: masking.by_row_blocks(
+            functools.partial(block_estimates, threshold=thresholds[d]), f, block
+        )
         for d, f in views.items()
     }
     clean = {}
@@ -1028,16 +1030,16 @@ def _direction_terms(
         degenerate = selection.degenerate_division(est.clean, where=valid, every=every_degenerate)
     used = jnp.zeros(num, bool) if warmup else est.clean & ~degenerate
 
-    def rows(f, first, used, phi):
-        at = dict(where=valid, first_row=first)
+    def block_terms(f, rows, used, phi):
+        at = dict(where=valid, rows=rows)
         energy = selection.energy(f, **at)
         mask = selection.complementary_mask(used, phi, **at)
         probs = selection.ms_selection_probs(jax.nn.sigmoid(f), beta, offset, **at)
         q = selection.rectified_complementary_dist(probs, mask, rectify=rectify != "uniform")
-        comp = srem_losses.complementary_loss(f, q, mask, first_row=first, **complementary)
-        return (energy, comp) if first is not None else (energy, comp, mask, q)
+        comp = srem_losses.complementary_loss(f, q, mask, rows=rows, **complementary)
+        return (energy, comp) if rows is not None else (energy, comp, mask, q)
 
-    out = masking.by_row_blocks(rows, f, block, used, est.hard_negative, checkpoint=True)
+    out = masking.by_row_blocks(block_terms, f, block, used, est.hard_negative, checkpoint=True)
     energy, comp = out[:2]
     mask, q = out[2:] if len(out) == 4 else (None, None)
     if warmup:

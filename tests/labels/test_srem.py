@@ -568,25 +568,19 @@ def test_a_division_that_keeps_every_pair_is_degenerate_only_for_the_energy_spli
     assert not bool(labels.degenerate_division(np.zeros(4, bool), where=np.zeros(4, bool)))
 
 
-@pytest.mark.parametrize("first", [0, 2, 6])
-def test_a_block_of_rows_gives_those_rows_of_the_whole_matrix(first):
-    # Ties (a repeated value in every row) and padding (WHERE); the block's first row traced.
+@pytest.mark.parametrize("rows", [[0, 1], [2, 3], [6, 7], [1, 5], [7, 2]])
+def test_a_block_of_rows_gives_those_rows_of_the_whole_matrix(rows):
+    # Ties (a repeated value in every row) and padding (WHERE); the block's rows traced,
+    # consecutive or not.
     f = np.round(LOGITS * 2) / 2
-    rows = slice(first, first + 2)
     clean = np.array([True, False, True, True, False, True, True, False])
     phi = np.asarray(labels.hard_negative_index(f, where=WHERE))
     scores = np_sigmoid(f)
 
     @jax.jit
-    def blocked(first):
-        block = jax.lax.dynamic_slice_in_dim(f, first, 2)
-        s_block = jax.lax.dynamic_slice_in_dim(scores, first, 2)
-        at = dict(where=WHERE, first_row=first)
-        mask = labels.complementary_mask(
-            jax.lax.dynamic_slice_in_dim(clean, first, 2),
-            jax.lax.dynamic_slice_in_dim(phi, first, 2),
-            **at,
-        )
+    def blocked(rows):
+        at = dict(where=WHERE, rows=rows)
+        block = jax.numpy.asarray(f)[rows]
         return {
             "energy": labels.energy(block, **at),
             "clean": labels.clean_mask(block, 0.5, **at),
@@ -594,8 +588,10 @@ def test_a_block_of_rows_gives_those_rows_of_the_whole_matrix(first):
             "test": labels.partner_test_mask(block, 0.3, **at),
             "entropy": labels.normalized_entropy(block, **at),
             "phi": labels.hard_negative_index(block, **at),
-            "mask": mask,
-            "probs": labels.ms_selection_probs(s_block, BETA, OFFSET, **at),
+            "mask": labels.complementary_mask(
+                jax.numpy.asarray(clean)[rows], jax.numpy.asarray(phi)[rows], **at
+            ),
+            "probs": labels.ms_selection_probs(jax.numpy.asarray(scores)[rows], BETA, OFFSET, **at),
         }
 
     whole = {
@@ -608,7 +604,8 @@ def test_a_block_of_rows_gives_those_rows_of_the_whole_matrix(first):
         "mask": labels.complementary_mask(clean, phi, where=WHERE),
         "probs": labels.ms_selection_probs(scores, BETA, OFFSET, where=WHERE),
     }
-    got = blocked(first)
+    rows = np.asarray(rows)
+    got = blocked(jax.numpy.asarray(rows))
     for name, want in whole.items():
         np.testing.assert_allclose(
             got[name], np.asarray(want)[rows], rtol=RTOL, atol=ATOL, err_msg=name
@@ -618,6 +615,6 @@ def test_a_block_of_rows_gives_those_rows_of_the_whole_matrix(first):
 
 def test_a_block_of_rows_must_fit_the_matrix():
     with pytest.raises(ValueError, match=r"\[b, B\] with b <= B"):
-        labels.energy(np.zeros((4, 3)), first_row=0)
+        labels.energy(np.zeros((4, 3)), rows=np.arange(4))
     with pytest.raises(ValueError, match="needs where"):
-        labels.complementary_mask(np.ones(2, bool), np.zeros(2, int), first_row=0)
+        labels.complementary_mask(np.ones(2, bool), np.zeros(2, int), rows=np.arange(2))
