@@ -543,12 +543,31 @@ def positive_pull(
       ``[B]`` >= 0 (no gradient).
     """
     scores = _SG(_square(scores, "scores"))
-    weight = _SG(jnp.asarray(weight, scores.dtype))
-    rows = jnp.arange(scores.shape[0])
-    negative = scores[rows, jnp.asarray(hard_negative)]
-    active = margin - weight * jnp.diagonal(scores) + negative > 0
+    negative = scores[jnp.arange(scores.shape[0]), jnp.asarray(hard_negative)]
+    return positive_pull_of_scores(
+        jnp.diagonal(scores), negative, hard_negative, weight, clean, margin
+    )
+
+
+def positive_pull_of_scores(
+    positive: ArrayLike,
+    negative: ArrayLike,
+    hard_negative: ArrayLike,
+    weight: ArrayLike,
+    clean: ArrayLike,
+    margin: float,
+) -> jax.Array:
+    r""":func:`positive_pull` from each query's two scores, :math:`\mathbf S_{ii}` and
+    :math:`\mathbf S_{i\phi(i)}` (``[B]`` each), without the ``[B, B]`` matrix.
+
+    Returns:
+      ``[B]`` >= 0 (no gradient).
+    """
+    positive, negative = _SG(jnp.asarray(positive)), _SG(jnp.asarray(negative))
+    weight = _SG(jnp.asarray(weight, positive.dtype))
     hard_negative = jnp.asarray(hard_negative)
-    trained = jnp.asarray(clean, bool) & (hard_negative != rows)
+    active = margin - weight * positive + negative > 0
+    trained = jnp.asarray(clean, bool) & (hard_negative != jnp.arange(positive.shape[0]))
     return jnp.where(trained & active, weight, 0.0)
 
 

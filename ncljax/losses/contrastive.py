@@ -144,17 +144,12 @@ def info_nce_directions(logits: ArrayLike, *, where: ArrayLike | None = None):
     Returns:
       ``(i2t, t2i)``, ``[B]`` each.
     """
+    loss_i2t = info_nce(logits, where=where)  # checks the shape and casts
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.result_type(logits, float))
-    if logits.ndim != 2 or logits.shape[0] != logits.shape[1]:
-        raise ValueError(f"logits must be square [B, B], got {logits.shape}")
     valid = masking.valid_rows(logits.shape[0], where)
-    rows, columns = valid[:, None], valid[None, :]
-    # As info_nce: a masked pair is no candidate, and a masked query's row (column) is
-    # zeros, so its softmax stays finite; its loss is zeroed below.
-    i2t = jnp.where(rows, jnp.where(columns, logits, -jnp.inf), 0.0)
-    t2i = jnp.where(columns, jnp.where(rows, logits, -jnp.inf), 0.0)
-    pair = jnp.diagonal(logits)
-    loss_i2t = jax.nn.logsumexp(i2t, axis=1) - pair
-    loss_t2i = jax.nn.logsumexp(t2i, axis=0) - pair
-    return jnp.where(valid, loss_i2t, 0.0), jnp.where(valid, loss_t2i, 0.0)
+    # As info_nce, down the columns: a masked pair is no candidate, and a masked query's
+    # column is zeros, so its softmax stays finite; its loss is zeroed below.
+    t2i = jnp.where(valid[None, :], jnp.where(valid[:, None], logits, -jnp.inf), 0.0)
+    loss_t2i = jax.nn.logsumexp(t2i, axis=0) - jnp.diagonal(logits)
+    return loss_i2t, jnp.where(valid, loss_t2i, 0.0)

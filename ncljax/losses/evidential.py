@@ -291,6 +291,7 @@ def ugncl_loss(
         top-``lambda`` means select that many entries per row instead of sorting rows.
       min_negatives: the schedule's static floor: a count at or below it selects only
         that many (:func:`top_k_mean`'s ``min_k``).
+
     Returns:
       ``(shares [K], UGNCLTerms)``.
     """

@@ -1059,10 +1059,7 @@ def _direction_terms(
             hinge = srem_losses.weighted_hinge_shares(
                 positive, negative, phi, omega, used, margin=margin, where=valid
             )
-            # selection.positive_pull of the two scores it reads
-            active = jax.lax.stop_gradient(margin - omega * positive + negative) > 0
-            trained = used & (phi != jnp.arange(num))
-            pull = jnp.where(trained & active, omega, 0.0)
+            pull = selection.positive_pull_of_scores(positive, negative, phi, omega, used, margin)
         energy_loss = srem_losses.energy_bounded_loss(
             energy, used, m_clean=m_clean, m_noisy=m_noisy, where=valid
         )
