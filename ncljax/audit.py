@@ -9,8 +9,11 @@ the newest checkpoint of ``checkpoints/latest``):
   by ``rank`` (1: the most suspicious pair, the lowest ``clean_score``; ties go to the
   more confidently corrected label, then to the lower index), with ``index`` (the caption
   index ``k`` of the training split: caption ``k`` of the dataset, as the trainer numbers
-  its pairs), ``clean_score`` (the method's own belief that the pair matches, higher =
-  more likely matched; see ``Method.verdict``), ``image_id`` and ``caption``
+  its pairs), ``clean_score`` (higher = more likely matched: by default, ``--rank_by=
+  model``, the similarity the run's best model gives the pair, the one it retrieves
+  with; ``--rank_by=method``: the method's own belief), ``method_score`` (with
+  ``--rank_by=model``: the method's own belief that the pair matches, see
+  ``Method.verdict``), ``image_id`` and ``caption``
   (``data.name='vectors'``: the folder's ``train_image_ids.txt`` / ``train_captions.txt``,
   of the image the pair was trained with; empty where the dataset has none) and, for the
   noisy-label methods (UOT-RCL), ``observed_label_image``, ``observed_label_text`` (the
@@ -44,12 +47,19 @@ replaces it only once every file is complete, so an audit stopped partway (Ctrl-
 full disk, a kill) leaves the previous audit whole or no audit, never a mix of the two;
 each file names the step of its checkpoint.
 
-The score is the one the trainer scores against the true noise after every epoch
-(``noise_auc`` in ``metrics.jsonl`` and ``results.json``): ``Method.clean_score_fn`` of
-every network's memory, averaged over networks (``ncljax.train.diagnostics.
-noise_diagnostics``), here of the memory in the run's newest checkpoint: for a finished
-run the memory at the end of training, the one ``results.json``'s ``noise_auc`` was
-computed from. The true noise is never read. A baseline (``vse``, ``infonce``, ``ce``)
+The method's own belief (``method_score``) is the one the trainer scores against the
+true noise after every epoch (``noise_auc`` in ``metrics.jsonl`` and ``results.json``):
+``Method.clean_score_fn`` of every network's memory, averaged over networks
+(``ncljax.train.diagnostics.noise_diagnostics``), here of the memory in the run's newest
+checkpoint: for a finished run the memory at the end of training, the one
+``results.json``'s ``noise_auc`` was computed from. The model's similarity is that of the
+best-on-validation checkpoint (before the first validation, the newest), every network
+and view pooled as the run evaluates (``Evaluator.pair_similarity``); the ranks follow it
+by default because it found the mismatched pairs better: on the report's worlds at
+20-60% mismatched it was above the method's own belief in each of 120 synthetic runs (by
+0.005-0.37) and within 0.010 below to 0.10 above it in 90 real ones
+(``benchmarks/RESULTS.md``). A noisy-label method (UOT-RCL) ranks by its corrected labels
+either way. The true noise is never read. A baseline (``vse``, ``infonce``, ``ce``)
 estimates nothing: the command says so in one line and exits with status 3
 (``NOTHING_TO_AUDIT``), writing nothing. Any other problem (no such run, no checkpoint
 yet, a damaged one, a dataset that no longer matches the run) is one line and status 1
@@ -104,9 +114,10 @@ class PairScores(NamedTuple):
 
     Attributes:
       method: the run's method.
-      clean_score: float64 ``[N]``, higher = more likely matched (the method's ``Verdict``).
+      clean_score: float64 ``[N]``, higher = more likely matched: what the ranks order
+        (``ranked_by``).
       rank: int64 ``[N]``, 1 for the lowest score (``rank_of``).
-      threshold: the method's cut on ``clean_score`` (pairs at or below it are the ones
+      threshold: the method's cut on ``method_score`` (pairs at or below it are the ones
         it treats as noisy), or ``None`` where it has no fixed one.
       score: what ``clean_score`` is, in words.
       threshold_rule: where ``threshold`` comes from, in words.
@@ -122,6 +133,11 @@ class PairScores(NamedTuple):
       held_out: the validation split's ``pair_auc`` from the run's last validation at or
         before the checkpoint (:func:`held_out_separation`: ``split``, ``step``,
         ``pair_auc``), or None where the run logged none.
+      method_score: float64 ``[N]``, the method's own belief (``Method.verdict``; its
+        ``threshold`` applies to it); ``clean_score`` itself where ``ranked_by`` is
+        ``'method'``.
+      ranked_by: ``'model'`` (``clean_score`` is the checkpoint's model's similarity of
+        each pair) or ``'method'`` (it is ``method_score``).
     """
 
     method: str
@@ -137,10 +153,12 @@ class PairScores(NamedTuple):
     notes: tuple[str, ...]
     raw_cosine: np.ndarray | None = None
     held_out: dict[str, Any] | None = None
+    method_score: np.ndarray | None = None
+    ranked_by: str = "method"
 
 
 class _Restored(NamedTuple):
-    memory: Any  # the stacked Memory, leaves [K, N, ...] as numpy arrays
+    state: dict  # the TrainState's parts asked for, as numpy: "memory" [K, N, ...], ...
     meta: dict
     step: int
     notes: tuple[str, ...]
@@ -168,19 +186,9 @@ def _load_config(workdir: str) -> ml_collections.ConfigDict:
     return ensemble.load_config(workdir)
 
 
-def _restore_memory(workdir: str, like) -> _Restored:
-    """The memory and progress record of the newest readable checkpoint of ``latest``.
-
-    Read only: nothing in the run directory is moved, removed or written, so a run that is
-    still training can be audited. A newest checkpoint that cannot be read is skipped for
-    the one before it, and a note says so.
-    """
-    directory = os.path.join(os.path.abspath(workdir), "checkpoints", "latest")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"{workdir} has no checkpoint yet ({directory} is missing): the audit reads the "
-            "memory of a checkpoint; train until the first one is saved."
-        )
+def _read_newest(directory: str, like: dict) -> tuple[_Restored | None, list[str]]:
+    """The parts ``like`` names of the newest readable checkpoint in ``directory``, read
+    only (``None`` where none is), and a note for each newer one that cannot be read."""
     with checkpoint.muted():  # orbax warns that a read-only manager saves nothing
         manager = ocp.CheckpointManager(
             directory,
@@ -190,12 +198,11 @@ def _restore_memory(workdir: str, like) -> _Restored:
                 "meta": ocp.JsonCheckpointHandler(),
             },
         )
-    target = {"memory": like}
+    target = dict(like)
     restore_args = jax.tree.map(lambda x: ocp.RestoreArgs(restore_type=np.ndarray), target)
     notes = []
     try:
-        steps = sorted(manager.all_steps(), reverse=True)
-        for step in steps:
+        for step in sorted(manager.all_steps(), reverse=True):
             out, reason = checkpoint.attempt(
                 lambda step=step: manager.restore(
                     step,
@@ -208,11 +215,32 @@ def _restore_memory(workdir: str, like) -> _Restored:
                 )
             )
             if out is not None:
-                return _Restored(out["state"]["memory"], out["meta"], step, tuple(notes))
+                return _Restored(out["state"], out["meta"], step, tuple(notes)), notes
             notes.append(f"the checkpoint of step {step} cannot be read ({reason})")
     finally:
         manager.close()
-    if not steps:
+    return None, notes
+
+
+def _restore_latest(workdir: str, like: dict) -> _Restored:
+    """The parts ``like`` names of the ``TrainState`` (``memory``; ``params`` and
+    ``model_state``) and the progress record of the newest readable checkpoint of
+    ``latest``.
+
+    Read only: nothing in the run directory is moved, removed or written, so a run that is
+    still training can be audited. A newest checkpoint that cannot be read is skipped for
+    the one before it, and a note says so.
+    """
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints", "latest")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"{workdir} has no checkpoint yet ({directory} is missing): the audit reads the "
+            "memory of a checkpoint; train until the first one is saved."
+        )
+    restored, notes = _read_newest(directory, like)
+    if restored is not None:
+        return restored
+    if not notes:
         raise FileNotFoundError(
             f"{workdir} has no checkpoint yet ({directory} is empty): the audit reads the "
             "memory of a checkpoint; train until the first one is saved."
@@ -221,6 +249,21 @@ def _restore_memory(workdir: str, like) -> _Restored:
         f"No checkpoint in {directory} can be read ({'; '.join(notes)}). Run the run's "
         "train.py command again (it sets damaged checkpoints aside and resumes), then audit."
     )
+
+
+def _restore_model(workdir: str, like: dict) -> tuple[dict, int, str, list[str]]:
+    """The model the run retrieves with: its best-on-validation checkpoint (the newest
+    readable one of ``best``), else, before its first validation, the model of the newest
+    checkpoint. Returns ``(parts, step, which, notes)``."""
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints", "best")
+    notes = []
+    if os.path.isdir(directory):
+        restored, notes = _read_newest(directory, like)
+        if restored is not None:
+            return restored.state, restored.step, "best", notes
+    restored = _restore_latest(workdir, like)
+    notes.append("the run has no readable best model yet: the model's scores are the newest")
+    return restored.state, restored.step, "latest", notes
 
 
 def _paired_images(split, noise_cfg) -> np.ndarray:
@@ -330,12 +373,52 @@ def rank_of(clean_score: np.ndarray, confidence: np.ndarray | None = None) -> np
     return rank
 
 
-def pair_scores(workdir: str) -> PairScores:
+RANKINGS = ("model", "method")  # what clean_score is: pair_scores(rank_by=...)
+
+
+class _Model(NamedTuple):
+    params: Any  # leaves [K, ...]
+    model_state: Any
+
+
+def _model_like(config, method, dataset) -> tuple[Any, dict]:
+    """The run's graph definition and the model's part of a checkpoint to restore."""
+    graphdef, params, model_state = state_lib.init_networks(
+        lambda rngs: models.build_model(config.model, dataset.info, rngs, heads_fn=method.heads_fn),
+        method.num_networks,
+        jax.random.key(config.seed),
+    )
+    return graphdef, {"params": params, "model_state": model_state}
+
+
+MODEL_SCORE = "the similarity its best model gives the pair (as it evaluates and retrieves)"
+
+
+def _model_score(config, method, dataset, graphdef, restored: dict, image_index) -> np.ndarray:
+    """The similarity the checkpoint's model gives each training pair (caption ``k`` with
+    image ``image_index[k]``): its evaluation similarity (every network and view, pooled
+    as the run evaluates), the one a retrieval with it ranks by."""
+    from ncljax.train import evaluator as evaluator_lib
+    from ncljax.train import mesh as mesh_lib
+
+    mesh = mesh_lib.evaluation_mesh(config)
+    with jax.set_mesh(mesh):
+        model = mesh_lib.replicate(_Model(restored["params"], restored["model_state"]), mesh)
+        evaluator = evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method)
+        return evaluator.pair_similarity(model, "train", image_index)
+
+
+def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:
     """The verdict of the run in ``workdir`` on each of its training pairs.
 
     Rebuilds the run's training pairs from its ``config.json`` (the dataset and its noise,
-    checked against the run's noise checksum), restores the method's memory from the
-    newest checkpoint and scores it as the trainer's noise diagnostics do.
+    checked against the run's noise checksum), restores the newest checkpoint, and scores
+    each pair: ``method_score``, the method's own belief (its memory, as the trainer's
+    noise diagnostics score it), and for a method that divides pairs the similarity the
+    run's best model gives the pair. ``clean_score``, which the ranks order, is that
+    similarity (``rank_by='model'``, the default: it found the mismatched pairs better,
+    see the module's note) or the method's belief (``'method'``); a noisy-label method
+    (UOT-RCL) ranks by its corrected labels either way.
 
     Raises:
       NothingToAudit: the method scores no pair (a baseline).
@@ -344,6 +427,8 @@ def pair_scores(workdir: str) -> PairScores:
         training pairs.
       checkpoint.CheckpointError: no checkpoint can be read.
     """
+    if rank_by not in RANKINGS:
+        raise ValueError(f"rank_by={rank_by!r}: use one of {RANKINGS}.")
     config = _load_config(workdir)
     method = methods.build_method(config.method, config.method_kwargs, config.model)
     if method.clean_score_fn is None and method.label_estimate_fn is None:
@@ -363,29 +448,46 @@ def pair_scores(workdir: str) -> PairScores:
         pairs.labels_text,
         config.model.embed_dim,
     )
-    like = state_lib.stack([method.init_memory(init)] * method.num_networks)
-    restored = _restore_memory(workdir, like)
-    memory0 = state_lib.network(restored.memory, 0)
+    like = {"memory": state_lib.stack([method.init_memory(init)] * method.num_networks)}
+    by_model = rank_by == "model" and method.clean_score_fn is not None
+    if by_model:
+        graphdef, model_like = _model_like(config, method, dataset)
+        like.update(model_like)
+    restored = _restore_latest(workdir, {"memory": like["memory"]})
+    memory = restored.state["memory"]
     labels = None
     if method.clean_score_fn is not None:
-        clean_score = _clean_score(method, restored.memory)
+        method_score = _clean_score(method, memory)
     else:  # the labels family: the trainer's label_diagnostics read network 0
-        labels = _label_columns(method, memory0, pairs)
-        clean_score = labels.pop("clean_score")
+        labels = _label_columns(method, state_lib.network(memory, 0), pairs)
+        method_score = labels.pop("clean_score")
     described = method.verdict or _DEFAULT
     threshold, rule, what = described.threshold, described.rule, described.score
     if method.num_networks > 1 and method.clean_score_fn is not None:
         what += f", mean over the {method.num_networks} networks"
+    clean_score, model_notes, model_at = method_score, [], {}
+    if by_model:
+        parts, step, which, model_notes = _restore_model(
+            workdir, {k: v for k, v in like.items() if k != "memory"}
+        )
+        image_index = _paired_images(split, config.noise)
+        clean_score = _model_score(config, method, dataset, graphdef, parts, image_index)
+        what = f"{MODEL_SCORE}; method_score: {what}"
+        model_at = {"model_step": step, "model_checkpoint": which}
     meta = restored.meta
     notes = list(restored.notes)
     if notes:
         notes[-1] += f"; the scores are those of step {restored.step}"
+    notes += model_notes
     if described.caveat:
         notes.append(described.caveat)
     if np.ptp(clean_score) == 0:
         notes.append(
             "every pair has the same score: the method has not divided the pairs yet (a "
             "warm-up checkpoint?); the ranking is the caption order"
+            if not by_model
+            else "the model gives every pair the same similarity (a collapsed model?); the "
+            "ranking is the caption order"
         )
     held_out = held_out_separation(workdir, restored.step)
     note = separation_note(held_out, config.method)
@@ -395,6 +497,8 @@ def pair_scores(workdir: str) -> PairScores:
     return PairScores(
         method=config.method,
         clean_score=clean_score,
+        method_score=method_score,
+        ranked_by="model" if by_model else "method",
         rank=rank_of(clean_score, None if labels is None else labels["confidence"]),
         threshold=threshold,
         score=what,
@@ -408,6 +512,7 @@ def pair_scores(workdir: str) -> PairScores:
             "num_epochs": int(config.train.epochs),
             "mid_epoch": bool(meta["pass"] or meta["position"]),
             "finished": os.path.exists(os.path.join(workdir, "results.json")),
+            **model_at,
         },
         notes=tuple(notes),
         held_out=held_out,
@@ -598,15 +703,19 @@ def read_mismatches(path: str, num_pairs: int) -> np.ndarray:
 
 
 def compare(scores: PairScores, mismatched: np.ndarray) -> dict:
-    """The AUC of the method's ranking and (where computed) of the raw cosine against the
-    known mismatches: the probability that a matched pair scores above a mismatched one
-    (``ncljax.evaluate.noise_detection_metrics``'s ``noise_auc``)."""
+    """The AUC of the audit's ranking (``auc_method``: its ``clean_score``), of the
+    method's own belief where the ranking is the model's (``auc_method_score``) and of
+    the raw cosine (where computed) against the known mismatches: the probability that a
+    matched pair scores above a mismatched one (``ncljax.evaluate.
+    noise_detection_metrics``'s ``noise_auc``)."""
     from ncljax import evaluate
 
     def auc(score):
         return evaluate.noise_detection_metrics(score, ~mismatched)["noise_auc"]
 
     out = {"count": int(mismatched.sum()), "auc_method": auc(scores.clean_score)}
+    if scores.ranked_by == "model":
+        out["auc_method_score"] = auc(scores.method_score)
     if scores.raw_cosine is not None:
         out["auc_raw_cosine"] = auc(scores.raw_cosine)
     return out
@@ -614,8 +723,9 @@ def compare(scores: PairScores, mismatched: np.ndarray) -> dict:
 
 def fields(scores: PairScores) -> tuple[str, ...]:
     """The columns of the exported rows."""
+    own = ("method_score",) if scores.ranked_by == "model" else ()
     raw = ("raw_cosine",) if scores.raw_cosine is not None else ()
-    return PAIR_FIELDS + raw + (LABEL_FIELDS if scores.labels is not None else ())
+    return PAIR_FIELDS + own + raw + (LABEL_FIELDS if scores.labels is not None else ())
 
 
 def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
@@ -634,6 +744,8 @@ def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
             "caption": [scores.captions[k] for k in part] if scores.captions else empty,
             "step": [step] * part.size,
         }
+        if scores.ranked_by == "model":
+            columns["method_score"] = scores.method_score[part].tolist()
         if scores.raw_cosine is not None:
             columns["raw_cosine"] = scores.raw_cosine[part].tolist()
         for name, values in (scores.labels or {}).items():
@@ -646,12 +758,12 @@ def summary(scores: PairScores, known: dict | None = None) -> dict:
     """What ``audit.json`` records: the checkpoint, the score and the threshold, whether
     the raw cosine was computed, the held-out separation (``held_out``, or None), and
     (``known``) the AUCs against known mismatches."""
-    flagged = (
-        None if scores.threshold is None else int((scores.clean_score <= scores.threshold).sum())
-    )
+    own = scores.clean_score if scores.method_score is None else scores.method_score
+    flagged = None if scores.threshold is None else int((own <= scores.threshold).sum())
     return {
         "method": scores.method,
         "num_pairs": int(scores.clean_score.size),
+        "ranked_by": scores.ranked_by,
         "score": scores.score,
         "threshold": scores.threshold,
         "threshold_rule": scores.threshold_rule,
@@ -726,7 +838,16 @@ def plot(scores: PairScores, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.hist(scores.clean_score, bins=50, color="tab:blue", alpha=0.8)
-    if scores.threshold is not None:
+    if scores.ranked_by == "model":
+        ax.text(
+            0.02,
+            0.95,
+            "the model's similarity: no threshold (the method's applies to method_score)",
+            transform=ax.transAxes,
+            fontsize="small",
+            va="top",
+        )
+    elif scores.threshold is not None:
         ax.axvline(
             scores.threshold,
             color="tab:red",
@@ -757,7 +878,9 @@ def plot(scores: PairScores, path: str) -> None:
     plt.close(fig)
 
 
-def audit(workdir: str, *, raw: str = "auto", mismatched: str | None = None) -> dict:
+def audit(
+    workdir: str, *, raw: str = "auto", mismatched: str | None = None, rank_by: str = "model"
+) -> dict:
     """Writes ``workdir/audit/``: the verdict of the run on each training pair.
 
     Args:
@@ -765,8 +888,10 @@ def audit(workdir: str, *, raw: str = "auto", mismatched: str | None = None) -> 
       raw: the raw cosine of each pair's own vectors beside the method's score
         (:func:`with_raw_cosine`: ``'auto'``, ``'yes'`` or ``'no'``).
       mismatched: a file of known mismatched pairs (:func:`read_mismatches`): the AUC of
-        the method's ranking and of the raw cosine against them go in ``audit.json``
-        (``known_mismatches``).
+        the ranking, of the method's own score and of the raw cosine against them go in
+        ``audit.json`` (``known_mismatches``).
+      rank_by: what ``clean_score`` and the ranks are (:func:`pair_scores`): ``'model'``
+        or ``'method'``.
 
     Returns ``summary`` of the scores with ``paths`` (the files written) and ``plot_error``
     (why ``scores.png`` was not written, or ``None``).
@@ -774,7 +899,7 @@ def audit(workdir: str, *, raw: str = "auto", mismatched: str | None = None) -> 
     Raises:
       As ``pair_scores``; ``ValueError`` for a ``mismatched`` file that does not fit.
     """
-    scores = with_raw_cosine(pair_scores(workdir), workdir, raw)
+    scores = with_raw_cosine(pair_scores(workdir, rank_by), workdir, raw)
     known = None
     if mismatched is not None:
         known = compare(scores, read_mismatches(mismatched, scores.clean_score.size))
@@ -835,10 +960,11 @@ def _report(result: dict) -> str:
         f"{point['epochs_completed']}/{point['num_epochs']} epochs completed): "
         f"{result['num_pairs']} training pairs scored by {result['score']}."
     ]
+    where = " (method_score)" if result["ranked_by"] == "model" else ""
     if result["threshold"] is not None:
         lines.append(
-            f"{result['at_or_below_threshold']} at or below the threshold "
-            f"{result['threshold']:.4g} ({result['threshold_rule']})."
+            f"{result['at_or_below_threshold']} at or below the method's threshold "
+            f"{result['threshold']:.4g}{where} ({result['threshold_rule']})."
         )
     else:
         lines.append(f"No threshold: {result['threshold_rule']}; the ranks order the pairs.")
@@ -851,9 +977,12 @@ def _report(result: dict) -> str:
     known = result.get("known_mismatches")
     if known is not None:
         line = f"Against the {known['count']} known mismatches: AUC {known['auc_method']:.3f}"
+        parts = [f" by the ranking ({result['ranked_by']})"]
+        if "auc_method_score" in known:
+            parts.append(f"{known['auc_method_score']:.3f} by the method's own score")
         if "auc_raw_cosine" in known:
-            line += f" by the method, {known['auc_raw_cosine']:.3f} by the raw cosine"
-        lines.append(line + ".")
+            parts.append(f"{known['auc_raw_cosine']:.3f} by the raw cosine")
+        lines.append(line + ", ".join(parts) + ".")
     lines.append("Wrote " + ", ".join(result["paths"].values()) + ".")
     return "\n".join(lines)
 
@@ -871,7 +1000,10 @@ def main(argv):
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
     try:
         result = audit(
-            flags.FLAGS.workdir, raw=flags.FLAGS.raw_cosine, mismatched=flags.FLAGS.mismatched
+            flags.FLAGS.workdir,
+            raw=flags.FLAGS.raw_cosine,
+            mismatched=flags.FLAGS.mismatched,
+            rank_by=flags.FLAGS.rank_by,
         )
     except NothingToAudit as e:
         print(str(e), file=sys.stderr)
@@ -908,6 +1040,14 @@ if __name__ == "__main__":
         None,
         "Known mismatched pairs (.npy bools or caption indices, or a text file of indices): "
         "the AUC of the method's ranking and of the raw cosine against them.",
+    )
+    flags.DEFINE_enum(
+        "rank_by",
+        "model",
+        list(RANKINGS),
+        "What clean_score and the ranks are: model (the similarity the checkpoint's model "
+        "gives each pair; the method's own belief is the method_score column) or method "
+        "(the method's own belief, as before).",
     )
     flags.mark_flag_as_required("workdir")
     app.run(main, flags_parser=cli.flags_parser("python -m ncljax.audit"))

@@ -79,11 +79,30 @@ def _read_csv(path):
         return list(csv.DictReader(f))
 
 
-def _scores_by_index(rows):
+def _scores_by_index(rows, column="clean_score"):
     score = np.full(len(rows), np.nan)
     for row in rows:
-        score[int(row["index"])] = float(row["clean_score"])
+        score[int(row["index"])] = float(row[column])
     return score
+
+
+def _best_model_similarity(workdir):
+    """The similarity the run's best model gives each training pair, read off the whole
+    ``[images, captions]`` similarity matrix of the training split (the evaluator's
+    retrieval path), at the image each caption was trained with."""
+    import jax
+
+    from ncljax.train import mesh as mesh_lib
+
+    config = ensemble.load_config(workdir)
+    split = sources.load_dataset(config.data).split("train")
+    mesh = mesh_lib.evaluation_mesh(config)
+    with jax.set_mesh(mesh):
+        evaluator, state = ensemble.load_run(workdir, mesh)
+        enc = evaluator.encode(state, "train")
+        full = np.asarray(enc.sim_fn(enc.params, enc.images, enc.texts), np.float64)
+    image_index = audit._paired_images(split, config.noise)
+    return full[image_index, np.arange(split.num_captions)]
 
 
 def _results(workdir):
@@ -114,15 +133,40 @@ def test_one_row_per_training_pair_sorted_by_rank(runs, method):
 
 @pytest.mark.parametrize("method", ["gsc", "ncr"])
 def test_exported_scores_give_the_runs_own_noise_auc(runs, method):
+    """``method_score`` is the method's own belief (the run's ``noise_auc``); with
+    ``rank_by='method'`` it is also ``clean_score``, the one the ranks order."""
     workdir = runs[method]
-    audit.audit(workdir)
-    score = _scores_by_index(_read_csv(os.path.join(workdir, "audit", "pairs.csv")))
-    clean = _true_clean(workdir)
-    assert 0 < clean.sum() < clean.size and np.ptp(score) > 0
-    auc = _pairwise_auc(score, clean)
-    assert auc == pytest.approx(_results(workdir)["noise_auc"], abs=1e-9)
-    if method == "ncr":  # co-divide after a warm-up finds the mismatched pairs
-        assert auc > 0.6
+    for rank_by, column in (("model", "method_score"), ("method", "clean_score")):
+        summary = audit.audit(workdir, rank_by=rank_by)
+        assert summary["ranked_by"] == rank_by
+        rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
+        assert ("method_score" in rows[0]) == (rank_by == "model")
+        score = _scores_by_index(rows, column)
+        clean = _true_clean(workdir)
+        assert 0 < clean.sum() < clean.size and np.ptp(score) > 0
+        auc = _pairwise_auc(score, clean)
+        assert auc == pytest.approx(_results(workdir)["noise_auc"], abs=1e-9)
+        if method == "ncr":  # co-divide after a warm-up finds the mismatched pairs
+            assert auc > 0.6
+
+
+@pytest.mark.parametrize("method", ["gsc", "ncr"])
+def test_by_default_the_ranks_are_the_best_models_similarity_of_each_pair(runs, method):
+    workdir = runs[method]
+    summary = audit.audit(workdir)
+    rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
+    score = _scores_by_index(rows)
+    np.testing.assert_allclose(score, _best_model_similarity(workdir), rtol=1e-5, atol=1e-6)
+    keys = [(float(r["clean_score"]), int(r["index"])) for r in rows]
+    assert keys == sorted(keys)
+    assert summary["score"].startswith(audit.MODEL_SCORE)
+    with open(os.path.join(workdir, "checkpoints", "best", "..", "..", "results.json")) as f:
+        best_epoch = json.load(f)["best_epoch"]
+    best_step = [m for m in read_metrics(workdir) if m["split"] == "val"][best_epoch]["step"]
+    assert summary["checkpoint"]["model_checkpoint"] == "best"
+    assert summary["checkpoint"]["model_step"] == best_step
+    with pytest.raises(ValueError, match="rank_by"):
+        audit.pair_scores(workdir, rank_by="loss")
 
 
 def test_the_record_names_the_final_checkpoint(runs, monkeypatch):
@@ -141,6 +185,8 @@ def test_the_record_names_the_final_checkpoint(runs, monkeypatch):
     last_val = [m for m in read_metrics(workdir) if m["split"] == "val"][-1]
     held = audit.separation_note(record["held_out"], "ncr")  # a tiny run: likely weak
     assert record["notes"] == [caveat] + ([held] if held else [])
+    assert record["checkpoint"].pop("model_checkpoint") == "best"  # and its model_step
+    assert record["checkpoint"].pop("model_step") <= last_val["step"]
     assert record["checkpoint"] == {
         "step": last_val["step"],
         "epochs_completed": 3,
@@ -149,8 +195,8 @@ def test_the_record_names_the_final_checkpoint(runs, monkeypatch):
         "finished": True,
     }
     assert record["method"] == "ncr" and record["threshold"] == 0.5
-    score = _scores_by_index(_read_csv(os.path.join(workdir, "audit", "pairs.csv")))
-    assert record["at_or_below_threshold"] == int((score <= 0.5).sum())
+    own = _scores_by_index(_read_csv(os.path.join(workdir, "audit", "pairs.csv")), "method_score")
+    assert record["at_or_below_threshold"] == int((own <= 0.5).sum())
 
 
 def _interrupted_copy(workdir, target):
@@ -168,7 +214,10 @@ def _interrupted_copy(workdir, target):
 def test_an_interrupted_run_is_audited_from_its_last_checkpoint(runs, tmp_path):
     workdir, steps = _interrupted_copy(runs["ncr"], tmp_path / "ncr")
     scores = audit.pair_scores(workdir)
-    assert scores.checkpoint == {
+    checkpoint = dict(scores.checkpoint)
+    assert checkpoint.pop("model_checkpoint") == "best" and "model_step" in checkpoint
+    del checkpoint["model_step"]
+    assert checkpoint == {
         "step": steps[0],
         "epochs_completed": 2,
         "num_epochs": 3,
@@ -179,8 +228,8 @@ def test_an_interrupted_run_is_audited_from_its_last_checkpoint(runs, tmp_path):
     val = next(m for m in read_metrics(workdir) if m["split"] == "val" and m["epoch"] == 1)
     assert val["step"] == steps[0]
     clean = _true_clean(workdir)
-    assert np.ptp(scores.clean_score) > 0
-    assert _pairwise_auc(scores.clean_score, clean) == pytest.approx(val["noise_auc"], abs=1e-9)
+    assert np.ptp(scores.method_score) > 0
+    assert _pairwise_auc(scores.method_score, clean) == pytest.approx(val["noise_auc"], abs=1e-9)
     assert not os.path.exists(os.path.join(workdir, "audit"))  # pair_scores writes nothing
 
 
@@ -554,3 +603,13 @@ def test_the_held_out_note_has_two_bars(pair_auc, note):
             "Check a sample of the lowest-ranked pairs by eye"
         )
     assert audit.separation_note(None) is None
+
+
+def test_before_its_first_best_model_the_newest_model_scores_with_a_note(runs, tmp_path):
+    workdir, steps = _interrupted_copy(runs["ncr"], tmp_path / "ncr")
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "best"))
+    scores = audit.pair_scores(workdir)
+    assert scores.checkpoint["model_checkpoint"] == "latest"
+    assert scores.checkpoint["model_step"] == scores.checkpoint["step"] == steps[0]
+    assert any("no readable best model yet" in note for note in scores.notes)
+    assert np.ptp(scores.clean_score) > 0

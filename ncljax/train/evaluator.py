@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 
 from ncljax import backend, evaluate, models
 from ncljax.data import pipeline, sources
+from ncljax.evaluate import blocks as blocks_lib
 from ncljax.labels import share as labels_share
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import step as step_lib
@@ -214,6 +215,23 @@ def _network_similarity(graphdef, transform, pool, params, image_block, text_blo
     return POOLS[pool](sims.reshape(-1, *sims.shape[2:]), axis=0)
 
 
+@functools.partial(jax.jit, static_argnames=("sim_fn", "block"))
+def _own_pair_similarity(sim_fn, params, images, texts, *, block: int) -> jax.Array:
+    """``sim(image k, caption k)`` for each row ``k`` of ``images`` / ``texts`` (``[n, K,
+    ...]``, ``n`` a multiple of ``block``): the diagonal of ``sim_fn``'s ``[block, block]``
+    blocks, one block at a time, so any head (SGR/SAF, views, pools) scores its own
+    pairs exactly as it scores a retrieval."""
+
+    def by_block(x):
+        return x.reshape(-1, block, *x.shape[1:])
+
+    def one(pair):
+        return jnp.diagonal(sim_fn(params, *pair))
+
+    out = jax.lax.map(one, (jax.tree.map(by_block, images), jax.tree.map(by_block, texts)))
+    return out.reshape(-1)
+
+
 class Evaluator:
     """Scores a ``TrainState`` on the splits of a dataset (Recall@K/rSum or mAP@all).
 
@@ -347,6 +365,53 @@ class Evaluator:
             return out
 
         return self._encode(encode, state, record, n)[0]
+
+    def pair_similarity(
+        self,
+        state: TrainState,
+        split_name: str,
+        image_index: np.ndarray,
+        *,
+        chunk: int = 1 << 16,
+        block: int = 128,
+    ) -> np.ndarray:
+        """The run's similarity of caption ``k`` with image ``image_index[k]``, for every
+        caption of the split: the entry of the evaluation's similarity matrix (every
+        network, view and ``transform``, pooled) at each given pair.
+
+        The captions are encoded ``chunk`` at a time with their images, so memory grows
+        with the chunk, not with the split.
+
+        Returns:
+          float64 ``[num_captions]``.
+        """
+        split = self._dataset.split(split_name)
+        image_index = np.asarray(image_index, np.int64)
+        if image_index.shape != (split.num_captions,):
+            raise ValueError(
+                f"image_index has shape {image_index.shape}; the {split_name} split has "
+                f"{split.num_captions} captions."
+            )
+        image_record = pipeline.image_records(split, self._image_fields)
+        caption_record = pipeline.caption_records(split, self._text_fields)
+        params = (state.params, state.model_state)
+        out = []
+        for start in range(0, image_index.size, chunk):
+            rows = np.arange(start, min(start + chunk, image_index.size))
+            images, _ = self._encode(
+                self._encode_image,
+                state,
+                lambda i, r=rows: image_record(image_index[r[i]]),
+                rows.size,
+            )
+            texts, _ = self._encode(
+                self._encode_text, state, lambda i, r=rows: caption_record(r[i]), rows.size
+            )
+            padded = blocks_lib.round_up(rows.size, block)
+            images, texts = (blocks_lib.take_rows(x, 0, padded) for x in (images, texts))
+            sim = _own_pair_similarity(self._sim_fn, params, images, texts, block=block)
+            out.append(np.asarray(blocks_lib.to_host(sim), np.float64)[: rows.size])
+        return np.concatenate(out) if out else np.zeros(0, np.float64)
 
     def __call__(self, state: TrainState, split_name: str) -> dict[str, float]:
         return score([self.encode(state, split_name)], self._config, self._mesh, split_name)

@@ -165,3 +165,44 @@ def test_pair_auc_is_the_mean_per_caption_auc_of_its_own_image_against_the_other
     single = evaluate.RankCounts.from_ranks([0])
     one = evaluate.RetrievalRanks(single, single)  # one image: nothing to tell it from
     assert np.isnan(evaluator_lib.pair_auc(one))
+
+
+def _two_network_evaluator(mesh, head):
+    """NCR's synthetic config (two networks over regions and tokens) with random weights,
+    with ``head``'s similarity."""
+    config = test_loop.tiny(test_loop.load_config("ncr", "synthetic"), epochs=1)
+    config.eval.batch_size = 8
+    config.model.head = head
+    dataset = sources.load_dataset(config.data)
+    method = methods.build_method(config.method, config.method_kwargs, config.model)
+    graphdef, state = state_lib.create(
+        model_fn=lambda rngs: models.build_model(
+            config.model, dataset.info, rngs, heads_fn=method.heads_fn
+        ),
+        tx=optax.identity(),
+        memory=method.init_memory(base.InitContext(1, dataset.info, None, None)),
+        num_networks=method.num_networks,
+        seed=0,
+    )
+    state = mesh_lib.replicate(state, mesh)
+    return evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method), state
+
+
+@pytest.mark.parametrize("num_devices, head", [(1, "cosine"), (8, "cosine"), (1, "sgr")])
+def test_pair_similarity_is_the_evaluation_similarity_at_each_pair(num_devices, head, devices):
+    mesh = mesh_lib.make_mesh(num_devices)
+    with jax.set_mesh(mesh):
+        evaluator, state = _two_network_evaluator(mesh, head)
+        encoded = evaluator.encode(state, "val")
+        full = np.asarray(encoded.sim_fn(encoded.params, encoded.images, encoded.texts))
+        num_images, num_captions = full.shape
+        image_index = np.random.default_rng(0).integers(0, num_images, num_captions)
+        image_index[:5] = np.arange(num_captions)[:5] // encoded.captions_per_image
+        # Chunks and blocks that leave partial ones (13 and 6 do not divide 80 captions).
+        got = evaluator.pair_similarity(state, "val", image_index, chunk=13, block=6)
+    assert got.dtype == np.float64 and got.shape == (num_captions,)
+    np.testing.assert_allclose(
+        got, full[image_index, np.arange(num_captions)], rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="captions"):
+        evaluator.pair_similarity(state, "val", image_index[:-1])
