@@ -120,30 +120,55 @@ def _stacked(record_fn: Callable[[int], Record], ks: np.ndarray, pad: Record, si
     return {k: np.concatenate([got[k], padding[k].astype(got[k].dtype)]) for k in got}
 
 
-def image_records(split: sources.SplitSource, fields: Sequence[str]) -> Callable[[int], Record]:
-    """Returns ``record(i)`` for image ``i`` of ``split`` (with ``label``, ``index``, ``mask``)."""
+def _item_records(
+    split: sources.SplitSource, fields: Sequence[str], side: str, rows: np.ndarray | None
+) -> Callable[[int], Record]:
+    """``record(i)`` for item ``rows[i]`` (default ``i``) of a split's ``side`` (``'image'``
+    or ``'caption'``), with ``label``, ``index`` (the item's own) and ``mask``; batched
+    (``BatchedRecords``) where the split reads many items at once."""
     fields = tuple(fields)
+    get = split.image if side == "image" else split.caption
+    rows = None if rows is None else np.asarray(rows, np.int64)
 
     def record(i: int) -> Record:
-        image = split.image(int(i), fields)
-        out = {f: image[f] for f in fields}
-        out.update(label=np.int32(image["label"]), index=np.int32(i), mask=np.bool_(True))
+        item = int(i if rows is None else rows[int(i)])
+        got = get(item, fields)
+        out = {f: got[f] for f in fields}
+        out.update(label=np.int32(got["label"]), index=np.int32(item), mask=np.bool_(True))
         return out
 
-    return record
+    get_many = getattr(split, "images_at" if side == "image" else "captions_at", None)
+    if get_many is None:
+        return record
 
-
-def caption_records(split: sources.SplitSource, fields: Sequence[str]) -> Callable[[int], Record]:
-    """Returns ``record(k)`` for caption ``k`` of ``split`` (``label``, ``index``, ``mask``)."""
-    fields = tuple(fields)
-
-    def record(k: int) -> Record:
-        caption = split.caption(int(k), fields)
-        out = {f: caption[f] for f in fields}
-        out.update(label=np.int32(caption["label"]), index=np.int32(k), mask=np.bool_(True))
+    def many(ks: np.ndarray) -> Record:
+        items = np.asarray(ks, np.int64) if rows is None else rows[np.asarray(ks, np.int64)]
+        got = get_many(items, fields)
+        out = {f: got[f] for f in fields}
+        out.update(
+            label=np.asarray(got["label"], np.int32),
+            index=items.astype(np.int32),
+            mask=np.ones(items.shape, np.bool_),
+        )
         return out
 
-    return record
+    return BatchedRecords(record, many)
+
+
+def image_records(
+    split: sources.SplitSource, fields: Sequence[str], rows: np.ndarray | None = None
+) -> Callable[[int], Record]:
+    """Returns ``record(i)`` for image ``i`` of ``split`` (with ``label``, ``index``,
+    ``mask``), or for image ``rows[i]``."""
+    return _item_records(split, fields, "image", rows)
+
+
+def caption_records(
+    split: sources.SplitSource, fields: Sequence[str], rows: np.ndarray | None = None
+) -> Callable[[int], Record]:
+    """Returns ``record(k)`` for caption ``k`` of ``split`` (``label``, ``index``,
+    ``mask``), or for caption ``rows[k]``."""
+    return _item_records(split, fields, "caption", rows)
 
 
 def num_batches(num_records: int, batch_size: int) -> int:

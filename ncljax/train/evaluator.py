@@ -392,21 +392,14 @@ class Evaluator:
                 f"image_index has shape {image_index.shape}; the {split_name} split has "
                 f"{split.num_captions} captions."
             )
-        image_record = pipeline.image_records(split, self._image_fields)
-        caption_record = pipeline.caption_records(split, self._text_fields)
         params = (state.params, state.model_state)
         out = []
         for start in range(0, image_index.size, chunk):
             rows = np.arange(start, min(start + chunk, image_index.size))
-            images, _ = self._encode(
-                self._encode_image,
-                state,
-                lambda i, r=rows: image_record(image_index[r[i]]),
-                rows.size,
-            )
-            texts, _ = self._encode(
-                self._encode_text, state, lambda i, r=rows: caption_record(r[i]), rows.size
-            )
+            image_records = pipeline.image_records(split, self._image_fields, image_index[rows])
+            images, _ = self._encode(self._encode_image, state, image_records, rows.size)
+            caption_records = pipeline.caption_records(split, self._text_fields, rows)
+            texts, _ = self._encode(self._encode_text, state, caption_records, rows.size)
             padded = blocks_lib.round_up(rows.size, block)
             images, texts = (blocks_lib.take_rows(x, 0, padded) for x in (images, texts))
             sim = _own_pair_similarity(self._sim_fn, params, images, texts, block=block)

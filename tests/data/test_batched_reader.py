@@ -119,3 +119,28 @@ def test_an_index_out_of_range_is_named(tmp_path):
         split.images_at(np.array([-1]))
     with pytest.raises(ValueError, match="global vectors only"):
         split.images_at(np.array([0]), ("regions",))
+
+
+@pytest.mark.parametrize("side", ["image", "caption"])
+def test_item_records_read_many_at_once_the_items_they_name(tmp_path, side):
+    """The evaluator's image and caption records (``image_records``/``caption_records``,
+    every item or the items ``rows`` names) batched are the per-record records."""
+    arrays = make_arrays(cpi=5, dtype=np.float16, labels=True)
+    split = load(write(tmp_path, arrays)).split("train")
+    make = pipeline.image_records if side == "image" else pipeline.caption_records
+    fields = ("global_image",) if side == "image" else ("global_text",)
+    source = arrays["train"]["images" if side == "image" else "texts"]
+    n = split.num_images if side == "image" else split.num_captions
+    for rows in (None, np.array([n - 1, 0, 3, 3, 2])):
+        record_fn = make(split, fields, rows)
+        assert isinstance(record_fn, pipeline.BatchedRecords)
+        ks = np.array([4, 0, 2]) if rows is not None else np.array([n - 1, 0, 7, 7])
+        many = record_fn.many(ks)
+        one = {key: np.stack([record_fn(int(k))[key] for k in ks]) for key in many}
+        _assert_same([many], [one])
+        items = ks if rows is None else rows[ks]
+        np.testing.assert_array_equal(many["index"], items)
+        np.testing.assert_array_equal(many[fields[0]], source[items])
+    batched = _read(pipeline.batches(make(split, fields), n, batch_size=16))
+    per_record = _read(pipeline.batches(_one_at_a_time(make(split, fields)), n, batch_size=16))
+    _assert_same(batched, per_record)
