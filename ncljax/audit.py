@@ -2,8 +2,8 @@ r"""A run's verdict on each of its training pairs, exported: the pairs it believ
 
   python -m ncljax.audit --workdir=runs/gsc
 
-writes, for the training split of a finished or interrupted run (its ``config.json`` and
-the newest checkpoint of ``checkpoints/latest``):
+writes, for the training split of a finished or interrupted run (its ``config.json``, the
+newest checkpoint of ``checkpoints/latest`` and its best model, ``checkpoints/best``):
 
 - ``RUN/audit/pairs.csv`` and ``RUN/audit/pairs.jsonl``: one row per training pair, sorted
   by ``rank`` (1: the most suspicious pair, the lowest ``clean_score``; ties go to the
@@ -23,9 +23,10 @@ the newest checkpoint of ``checkpoints/latest``):
   a tab or a carriage return is written after a ``'`` so that a spreadsheet shows it as
   text instead of running it as a formula (``CSV_FORMULA_PREFIXES``); ``pairs.jsonl``
   keeps every text exactly;
-- ``RUN/audit/audit.json``: which checkpoint the scores come from (step, epochs
-  completed, whether the run finished), what the score is, the method's threshold and
-  how many pairs fall at or below it, and ``held_out``: how well the model told a
+- ``RUN/audit/audit.json``: which checkpoints the scores come from (step, epochs
+  completed, whether the run finished; ``model_step`` and ``model_checkpoint``, the
+  model's), what ``ranked_by`` and the score are, the method's threshold and how many
+  pairs' ``method_score`` falls at or below it, and ``held_out``: how well the model told a
   validation caption's own image from the split's others at the last validation
   (``pair_auc``, an AUC); a verdict on the training pairs is rarely better, and below
   ``WEAK_SEPARATION`` (0.85) a note says to read the ranking as weak, below
