@@ -392,6 +392,7 @@ def _model_like(config, method, dataset) -> tuple[Any, dict]:
     return graphdef, {"params": params, "model_state": model_state}
 
 
+GLOBAL_BATCH = 4096  # pairs encoded at a time for the model's score of a feature-vector run
 MODEL_SCORE = "the similarity its best model gives the pair (as it evaluates and retrieves)"
 
 
@@ -406,7 +407,14 @@ def _model_score(config, method, dataset, graphdef, restored: dict, image_index)
     with jax.set_mesh(mesh):
         model = mesh_lib.replicate(_Model(restored["params"], restored["model_state"]), mesh)
         evaluator = evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method)
-        return evaluator.pair_similarity(model, "train", image_index)
+        # A vector's encoders are small: batches of about GLOBAL_BATCH (a multiple of the
+        # evaluation batch, which the mesh divides) pay the per-batch cost once per ~4,096
+        # pairs (1,000,000 pairs of a 256-64-32 MLP: 3.4 s against 9.1 s at 256).
+        inputs = models.input_fields(config.model)
+        batch_size = None
+        if inputs == (("global_image",), ("global_text",)):
+            batch_size = config.eval.batch_size * -(-GLOBAL_BATCH // config.eval.batch_size)
+        return evaluator.pair_similarity(model, "train", image_index, batch_size=batch_size)
 
 
 def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:

@@ -292,11 +292,14 @@ class Evaluator:
             pool=method.eval_pool,
         )
 
-    def _encode(self, encode, state, record_fn, n):
+    def _encode(self, encode, state, record_fn, n, batch_size=None):
         cfg = self._config
         outputs, labels = [], []
         dataset = pipeline.batches(
-            record_fn, n, batch_size=cfg.eval.batch_size, num_threads=cfg.data.num_threads
+            record_fn,
+            n,
+            batch_size=batch_size or cfg.eval.batch_size,
+            num_threads=cfg.data.num_threads,
         )
         with pipeline.reading(dataset) as batches:
             for batch in batches:
@@ -372,15 +375,18 @@ class Evaluator:
         split_name: str,
         image_index: np.ndarray,
         *,
-        chunk: int = 1 << 16,
+        batch_size: int | None = None,
+        chunk: int | None = None,
         block: int = 128,
     ) -> np.ndarray:
         """The run's similarity of caption ``k`` with image ``image_index[k]``, for every
         caption of the split: the entry of the evaluation's similarity matrix (every
         network, view and ``transform``, pooled) at each given pair.
 
-        The captions are encoded ``chunk`` at a time with their images, so memory grows
-        with the chunk, not with the split.
+        The captions are encoded ``chunk`` at a time (default ``8 batch_size``) with their
+        images, in batches of ``batch_size`` (default ``eval.batch_size``), so memory grows
+        with the chunk, not with the split; the similarity is read off ``[block, block]``
+        blocks.
 
         Returns:
           float64 ``[num_captions]``.
@@ -392,14 +398,16 @@ class Evaluator:
                 f"image_index has shape {image_index.shape}; the {split_name} split has "
                 f"{split.num_captions} captions."
             )
+        batch_size = batch_size or self._config.eval.batch_size
+        chunk = chunk or 8 * batch_size
         params = (state.params, state.model_state)
         out = []
         for start in range(0, image_index.size, chunk):
             rows = np.arange(start, min(start + chunk, image_index.size))
-            image_records = pipeline.image_records(split, self._image_fields, image_index[rows])
-            images, _ = self._encode(self._encode_image, state, image_records, rows.size)
-            caption_records = pipeline.caption_records(split, self._text_fields, rows)
-            texts, _ = self._encode(self._encode_text, state, caption_records, rows.size)
+            records = pipeline.image_records(split, self._image_fields, image_index[rows])
+            images, _ = self._encode(self._encode_image, state, records, rows.size, batch_size)
+            records = pipeline.caption_records(split, self._text_fields, rows)
+            texts, _ = self._encode(self._encode_text, state, records, rows.size, batch_size)
             padded = blocks_lib.round_up(rows.size, block)
             images, texts = (blocks_lib.take_rows(x, 0, padded) for x in (images, texts))
             sim = _own_pair_similarity(self._sim_fn, params, images, texts, block=block)
