@@ -122,7 +122,11 @@ def test_the_new_method_trains_and_is_audited(registered, tmp_path):
     with open(os.path.join(workdir, "audit", "audit.json")) as f:
         record = json.load(f)
     assert record["method"] == "trimmed"
-    assert record["score"] == "minus the pair's last InfoNCE loss"
+    # The ranking is the best model's similarity; the method's own score is named beside it.
+    assert record["ranked_by"] == "model"
+    assert (
+        record["score"] == f"{audit.MODEL_SCORE}; method_score: minus the pair's last InfoNCE loss"
+    )
     assert record["threshold"] is None
 
 
