@@ -150,3 +150,13 @@ def test_config_trains_on_its_datasets(tmp_path, name, dataset):
     results = train_and_evaluate(config, str(tmp_path / "run"))
     keys = ("map_i2t", "map_t2i") if config.eval.kind == "map" else ("i2t_r1", "t2i_r1", "rsum")
     assert all(math.isfinite(results[k]) for k in keys), results
+
+
+def test_pc2_keeps_eight_classes_per_pair_only_on_your_own_vectors():
+    """PC2's banks on the user's path keep each pair's 8 most probable classes (208 bytes
+    per pair for both networks); the paper's configs keep every class."""
+    assert load("pc2", "vectors").method_kwargs.bank_classes == 8
+    built = methods.build_method("pc2", load("pc2", "vectors").method_kwargs)
+    assert built.settings.bank_classes == 8
+    for arg in ("synthetic", "f30k", "coco", "cc152k"):
+        assert load("pc2", arg).method_kwargs.get("bank_classes") is None
