@@ -457,12 +457,8 @@ def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:
         pairs.labels_text,
         config.model.embed_dim,
     )
-    like = {"memory": state_lib.stack([method.init_memory(init)] * method.num_networks)}
-    by_model = rank_by == "model" and method.clean_score_fn is not None
-    if by_model:
-        graphdef, model_like = _model_like(config, method, dataset)
-        like.update(model_like)
-    restored = _restore_latest(workdir, {"memory": like["memory"]})
+    like = state_lib.stack([method.init_memory(init)] * method.num_networks)
+    restored = _restore_latest(workdir, {"memory": like})
     memory = restored.state["memory"]
     labels = None
     if method.clean_score_fn is not None:
@@ -475,10 +471,10 @@ def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:
     if method.num_networks > 1 and method.clean_score_fn is not None:
         what += f", mean over the {method.num_networks} networks"
     clean_score, model_notes, model_at = method_score, [], {}
+    by_model = rank_by == "model" and method.clean_score_fn is not None
     if by_model:
-        parts, step, which, model_notes = _restore_model(
-            workdir, {k: v for k, v in like.items() if k != "memory"}
-        )
+        graphdef, model_like = _model_like(config, method, dataset)
+        parts, step, which, model_notes = _restore_model(workdir, model_like)
         image_index = _paired_images(split, config.noise)
         clean_score = _model_score(config, method, dataset, graphdef, parts, image_index)
         what = f"{MODEL_SCORE}; method_score: {what}"
