@@ -15,6 +15,7 @@ import types
 from fractions import Fraction
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import digamma, gammaln
@@ -43,6 +44,7 @@ _STATIC = {
     "log_evidence": ("temperature", "evidence_fn", "max_log_evidence"),
     "fuse_log_evidence": ("axis",),
     "log_mean_evidence": ("axis",),
+    "edl_squared_error": ("axis",),
 }
 ev = types.SimpleNamespace(
     **{
@@ -435,6 +437,37 @@ def test_edl_squared_error_closed_form(masked, evidence_fn):
     for y in (np.eye(5, 7), rng.uniform(0, 1, (5, 7)), np.zeros((5, 7))):
         got = ev.edl_squared_error(log_e, y.astype(np.float32), where=where)
         np.testing.assert_allclose(got, np_edl_squared(alpha, y, where), rtol=RTOL, atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("masked", [False, True])
+def test_edl_squared_error_gradient_matches_finite_differences(masked, axis):
+    """The gradient in the log-evidence, against central differences of the float64
+    oracle's terms summed class by class (rows as queries; ``axis=0`` reads columns)."""
+    where = WHERE if masked else None
+    log_e = np.asarray(ev.log_evidence(raw_scores(15, (7, 7), low=-1.0, high=0.3)))
+    y = np.random.default_rng(16).uniform(0.05, 0.95, 7) * np.eye(7)
+    weights = np.random.default_rng(17).uniform(0.5, 1.5, 7)
+
+    def oracle(x):
+        x = x.T if axis == 0 else x
+        target = y.T if axis == 0 else y
+        return float(weights @ np_edl_squared(np.exp(x) + 1.0, target, where))
+
+    def weighted(x):
+        per_query = evidence.edl_squared_error(x, y, where=where, axis=axis)
+        return jnp.dot(jnp.asarray(weights, jnp.float32), per_query)
+
+    got = jit(jax.grad(weighted))(jnp.asarray(log_e))
+    x64, step = log_e.astype(np.float64), 1e-5
+    want = np.zeros_like(x64)
+    for i, j in np.ndindex(*x64.shape):
+        up, down = x64.copy(), x64.copy()
+        up[i, j] += step
+        down[i, j] -= step
+        want[i, j] = (oracle(up) - oracle(down)) / (2 * step)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+    assert np.abs(want).max() > 1e-3  # the check reads a gradient that is not 0
 
 
 @pytest.mark.parametrize("masked", [False, True])
