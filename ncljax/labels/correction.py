@@ -7,7 +7,8 @@ per-batch relation scores (Sec. IV-C, Eqs. 16-17):
   the confident set (Eq. 4) and for the relation cost (Eq. 17).
 * :func:`confident_set`: the ``per_class`` most cross-modally consistent pairs of
   each predicted class (Eqs. 4-5); :func:`random_confident_set` for the ablation.
-* :func:`knn_cosine`: chunked top-k cosine neighbours (the sets N_i of Eq. 8).
+* :func:`knn_cosine`: chunked top-k cosine neighbours (the sets N_i of Eq. 8);
+  :func:`knn_cosine_blocks`, an approximate search among nearby rows for large ``N``.
 * :func:`modal_consistency`: the ratios C^v, C^t of Eq. 7, clipped.
 * :func:`consistent_cost`: the cost C_S of Eq. 8, floored and shifted to ``>= 0``.
 * :func:`update_targets`: the momentum update of the soft targets (Eq. 9).
@@ -28,6 +29,7 @@ References:
 
 import functools
 import math
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -274,6 +276,122 @@ def knn_cosine(
     similarity = similarity.reshape(-1, k)[:num_samples]
     index = index.reshape(-1, k)[:num_samples].astype(jnp.int32)
     return index, similarity
+
+
+def knn_cosine_blocks(
+    z: ArrayLike,
+    *,
+    k: int,
+    key: jax.Array,
+    block: int = 1024,
+    probes: int = 16,
+    exclude_self: bool = True,
+    sample: int = 32,
+    iterations: int = 10,
+) -> tuple[jax.Array, jax.Array]:
+    r"""Approximate top-``k`` cosine neighbours of every row, searched among nearby rows
+    only (an inverted-file search with equal lists; ncljax's).
+
+    The exact search (:func:`knn_cosine`) compares every row with every other: ``N^2 D``
+    work, hours at ``10^6`` rows on a CPU. Here the rows are ordered by their nearest of
+    ``ceil(N / block)`` k-means centroids (``ott.tools.k_means`` on ``sample`` rows per
+    centroid, ``iterations`` Lloyd steps from random centroids), so that rows of one
+    region of the sphere sit together, and the order is cut into blocks of ``block``
+    rows. The rows of a block search the ``probes`` blocks whose mean directions are
+    nearest its own (its own included): ``N * probes * block * D`` work, memory
+    ``block x probes * block`` at a time. A neighbour outside those blocks is missed;
+    the recall is measured in ``benchmarks/RESULTS.md``. With ``probes`` equal to the
+    number of blocks the search is exact.
+
+    Args:
+      z: ``[N, D]`` embeddings (rows normalised first, as :func:`knn_cosine`).
+      k: neighbours per row (static; at most the fewest rows a block searches, less one
+        excluding self: ``(probes - 1) * block`` plus the last block's rows).
+      key: the random sample and centroids of the k-means.
+      block: rows per block (static).
+      probes: blocks each block searches (static; clipped to the number of blocks).
+      exclude_self: drop ``j = i`` from the candidates (static).
+      sample: k-means rows per centroid (static; clipped to ``N``).
+      iterations: Lloyd iterations of the k-means (static).
+
+    Returns:
+      ``(index, similarity)`` as :func:`knn_cosine`: int32 ``[N, k]`` and ``[N, k]`` in
+      descending order of similarity.
+    """
+    unit = _unit_rows(z)
+    num_samples = unit.shape[0]
+    block = max(1, min(block, num_samples))
+    num_blocks = -(-num_samples // block)
+    probes = max(1, min(probes, num_blocks))
+    # Every block's candidates hold at least this many rows (the last block may be short).
+    last = num_samples - (num_blocks - 1) * block
+    fewest = num_samples if probes == num_blocks else (probes - 1) * block + last
+    limit = fewest - (1 if exclude_self else 0)
+    if not 1 <= k <= limit:
+        raise ValueError(
+            f"k={k} must be in [1, {limit}] for N={num_samples}, block={block} and "
+            f"probes={probes}: raise block or probes."
+        )
+    order = _block_order(unit, num_blocks, key, sample, iterations)
+    padded = num_blocks * block
+    position = jnp.pad(order, (0, padded - num_samples), constant_values=num_samples)
+    rows = jnp.pad(unit, ((0, 1), (0, 0)))[position].reshape(num_blocks, block, -1)
+    real = (position < num_samples).reshape(num_blocks, block)
+    centres = _unit_rows(jnp.sum(rows, axis=1))  # padding rows are 0
+    near, _ = knn_cosine(centres, k=probes, exclude_self=False)  # [blocks, probes]
+
+    def search(args):
+        b, probe = args
+        candidates = rows[probe].reshape(probes * block, -1)
+        sim = jnp.matmul(rows[b], candidates.T, precision=_HIGHEST)
+        column = (probe[:, None] * block + jnp.arange(block)).reshape(-1)  # sorted positions
+        drop = ~real[probe].reshape(-1)[None, :]
+        if exclude_self:
+            drop = drop | (column[None, :] == b * block + jnp.arange(block)[:, None])
+        top, at = lax.top_k(jnp.where(drop, -jnp.inf, sim), k)
+        return top, position[column[at]]
+
+    blocks = jnp.arange(num_blocks, dtype=jnp.int32)
+    similarity, found = lax.map(search, (blocks, near))
+    similarity, found = similarity.reshape(padded, k), found.reshape(padded, k)
+    # back from the sorted order to the rows' own (padding rows are dropped)
+    index = jnp.zeros((num_samples, k), jnp.int32).at[position].set(found, mode="drop")
+    sims = (
+        jnp.full((num_samples, k), -jnp.inf, unit.dtype).at[position].set(similarity, mode="drop")
+    )
+    return index, sims
+
+
+def _block_order(unit, num_clusters: int, key, sample: int, iterations: int) -> jax.Array:
+    """The rows ordered by their nearest k-means centroid (stable within a centroid)."""
+    # Imported here, its warning muted: ott's k-means imports ott's point clouds, whose
+    # cost module imports JAXopt, which warns on import that it is no longer maintained.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "JAXopt is no longer maintained", DeprecationWarning)
+        from ott.tools import k_means
+
+    num_samples = unit.shape[0]
+    if num_clusters == 1:
+        return jnp.arange(num_samples, dtype=jnp.int32)
+    pick, init = jax.random.split(key)
+    size = min(num_samples, max(sample * num_clusters, num_clusters))
+    drawn = jax.random.choice(pick, num_samples, (size,), replace=False)
+    centroids = k_means.k_means(
+        unit[drawn], num_clusters, init="random", n_init=1, max_iterations=iterations, rng=init
+    ).centroids
+    half_norm = 0.5 * jnp.sum(centroids * centroids, axis=-1)
+    chunk = 4096
+
+    def nearest(start):
+        rows = lax.dynamic_slice_in_dim(padded, start, chunk)
+        score = jnp.matmul(rows, centroids.T, precision=_HIGHEST) - half_norm
+        return jnp.argmax(score, axis=-1).astype(jnp.int32)
+
+    count = -(-num_samples // chunk)
+    padded = jnp.pad(unit, ((0, count * chunk - num_samples), (0, 0)))
+    starts = jnp.arange(count, dtype=jnp.int32) * chunk
+    cluster = lax.map(nearest, starts).reshape(-1)[:num_samples]
+    return jnp.argsort(cluster, stable=True).astype(jnp.int32)
 
 
 def _knn_block_scan(unit, k, exclude_self, key_chunk, chunk, args):

@@ -65,6 +65,9 @@ def correct_labels(
     vote_normalise: bool = True,
     knn_chunk: int = 2048,
     knn_key_chunk: int | None = None,
+    knn: str = "exact",
+    knn_block: int = 1024,
+    knn_probes: int = 16,
 ) -> LabelCorrection:
     """UOT-RCL's label correction of ``N`` pairs over ``K`` classes (jittable).
 
@@ -76,7 +79,8 @@ def correct_labels(
       class_marginal: ``[K]`` the classes' share of the transported mass (uniform, or
         the observed label frequencies).
       mass: the share of the pairs' mass transported this epoch (``ot.mass_schedule``).
-      key: the random confident set's key (``confident='random'``, an ablation).
+      key: the random confident set's key (``confident='random'``, an ablation) and the
+        approximate neighbour search's (``knn='blocks'``).
       per_class: confident pairs per class.
       neighbours: ``k`` of the nearest-neighbour votes.
       momentum: of the targets (Eq. 9).
@@ -91,6 +95,9 @@ def correct_labels(
         nearest confident pair's (Eq. 7, ``correction.modal_consistency``).
       knn_key_chunk: candidate rows per chunk of it (``None``: all at once); with it the
         search's similarity block is ``knn_chunk x knn_key_chunk``, whatever ``N``.
+      knn: ``'exact'`` (:func:`correction.knn_cosine`) or ``'blocks'``, the approximate
+        search among nearby pairs (:func:`correction.knn_cosine_blocks`, ``knn_block``
+        rows per block, ``knn_probes`` blocks searched by each) for large ``N``.
 
     Returns:
       The :class:`LabelCorrection`.
@@ -108,6 +115,10 @@ def correct_labels(
         )
     else:
         raise ValueError(f"confident must be 'jsd' or 'random', got {confident!r}.")
+    if knn not in ("exact", "blocks"):
+        raise ValueError(f"knn must be 'exact' or 'blocks', got {knn!r}.")
+    if knn == "blocks" and key is None:
+        raise ValueError("knn='blocks' needs a key (its k-means draws rows and centroids).")
     # Eq. 9, before the cost: the prototype argmax of z_v + z_t is the argmax of the summed
     # logits (mu_k . z / tau_1 with tau_1 > 0).
     scores = jnp.asarray(logits_image) + jnp.asarray(logits_text)
@@ -115,13 +126,28 @@ def correct_labels(
     new_text = correction.update_targets(targets_text, scores, momentum=momentum)
     c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set, chunk=knn_chunk)
 
-    def knn(z):
+    def search(z, side):
+        if knn == "blocks":
+            return correction.knn_cosine_blocks(
+                z,
+                k=neighbours,
+                key=jax.random.fold_in(key, side),
+                block=knn_block,
+                probes=knn_probes,
+                exclude_self=exclude_self,
+            )
         return correction.knn_cosine(
             z, k=neighbours, chunk=knn_chunk, exclude_self=exclude_self, key_chunk=knn_key_chunk
         )
 
     cost = correction.consistent_cost(
-        c_image, c_text, knn(z_image), knn(z_text), new_image, new_text, normalise=vote_normalise
+        c_image,
+        c_text,
+        search(z_image, 0),
+        search(z_text, 1),
+        new_image,
+        new_text,
+        normalise=vote_normalise,
     )
     result = ot.partial_ot_labels(
         cost,

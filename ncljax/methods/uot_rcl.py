@@ -93,6 +93,14 @@ class Settings(NamedTuple):
       knn_key_chunk: candidate rows per chunk of it, or ``None`` (all ``N`` at once): the
         search's block is then ``knn_chunk x knn_key_chunk`` whatever ``N``, the same
         neighbours (``ncljax.labels.knn_cosine``).
+      knn: the neighbour search, ``'exact'`` (every pair against every other, ``N^2 D``
+        work: about a minute at 10^5 pairs on 2 CPU cores, hours at 10^6) or
+        ``'blocks'``, an approximate search among nearby pairs
+        (``ncljax.labels.knn_cosine_blocks``: ``N * knn_probes * knn_block * D`` work; 6 s
+        at 10^5 pairs with recall 0.99, a minute at 10^6 with recall 0.88 on clustered
+        embeddings, ``benchmarks/RESULTS.md``) [ncljax; the paper searches exactly].
+      knn_block: rows per block of the approximate search (1024).
+      knn_probes: blocks each block searches (16).
       num_networks: 1 (UOT-RCL trains one network).
     """
 
@@ -120,6 +128,9 @@ class Settings(NamedTuple):
     vote_normalise: bool = True
     knn_chunk: int = 2048
     knn_key_chunk: int | None = None
+    knn: str = "exact"
+    knn_block: int = 1024
+    knn_probes: int = 16
     num_networks: int = 1
 
 
@@ -148,6 +159,9 @@ CHECKS = {
     "vote_normalise": settings.BOOLEAN,
     "knn_chunk": settings.POSITIVE_INT,
     "knn_key_chunk": settings.optional(settings.POSITIVE_INT, "all candidates at once"),
+    "knn": settings.one_of("exact", "blocks"),
+    "knn_block": settings.POSITIVE_INT,
+    "knn_probes": settings.POSITIVE_INT,
     "num_networks": settings.NUM_NETWORKS,
 }
 
@@ -170,6 +184,8 @@ _ANCHOR_ROWS = {
     "length": ((), jnp.int32),
 }
 _GLOBAL_INPUTS = (("global_image",), ("global_text",))
+# Above this many training pairs the first refresh notes the exact search's cost.
+EXACT_SEARCH_WARNING = 100_000
 
 
 def _empty_anchors(info, g: int, fields) -> dict[str, jax.Array]:
@@ -396,6 +412,9 @@ def estimator(s: Settings) -> Callable:
             vote_normalise=s.vote_normalise,
             knn_chunk=s.knn_chunk,
             knn_key_chunk=s.knn_key_chunk,
+            knn=s.knn,
+            knn_block=s.knn_block,
+            knn_probes=s.knn_probes,
         )
     )
 
@@ -418,6 +437,15 @@ def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = N
     """
     if ctx.epoch < s.warmup_epochs:
         return memory, {}
+    num_pairs = stats["z_image"].shape[0]
+    if s.knn == "exact" and num_pairs > EXACT_SEARCH_WARNING and ctx.epoch == s.warmup_epochs:
+        logging.warning(
+            "uot_rcl: the exact neighbour search compares every one of the %d training pairs "
+            "with every other before each epoch (about a minute at 10^5 pairs on 2 CPU "
+            "cores, growing with the square of N). method_kwargs.knn='blocks' searches "
+            "nearby pairs only (6 s at 10^5 pairs, recall 0.99).",
+            num_pairs,
+        )
     estimate_fn = estimator(s) if estimate_fn is None else estimate_fn
     mass = ot.mass_schedule(
         ctx.epoch,
@@ -523,6 +551,9 @@ def _estimate(
     vote_normalise,
     knn_chunk,
     knn_key_chunk,
+    knn,
+    knn_block,
+    knn_probes,
 ):
     """The per-epoch estimation on device (``ncljax.labels.uot_rcl.correct_labels``):
     ``(samples with the new targets and labels, confident set, partial-OT output)``."""
@@ -548,6 +579,9 @@ def _estimate(
         vote_normalise=vote_normalise,
         knn_chunk=knn_chunk,
         knn_key_chunk=knn_key_chunk,
+        knn=knn,
+        knn_block=knn_block,
+        knn_probes=knn_probes,
     )
     targets_image, targets_text, result = fixed.targets_image, fixed.targets_text, fixed.ot
     confident_set = fixed.confident_set

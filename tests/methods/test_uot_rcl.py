@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ from ncljax.config import presets
 from ncljax.config.fields import reset_unread
 from ncljax.data import pipeline, synthetic
 from ncljax.labels import correction
-from ncljax.methods import base
+from ncljax.methods import base, uot_rcl
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
 from ncljax.train import step as step_lib
@@ -333,6 +334,31 @@ def test_unconverged_label_ot_is_logged_as_a_warning(labelled, caplog):
     with caplog.at_level(logging.WARNING):
         _main_memory(method, info, pairs, jax.random.key(0))
     assert "did not converge" not in caplog.text
+
+
+def test_block_search_searching_every_block_gives_the_exact_refresh(labelled, caplog):
+    """``knn='blocks'`` with every block searched is the exact search: the same refresh.
+    An unknown search is refused; above ``EXACT_SEARCH_WARNING`` pairs the exact search's
+    first refresh notes its cost and the block search."""
+    info, pairs, _ = labelled
+    n = pairs.num_records
+    exact = methods.build_method("uot_rcl", {"neighbours": 5, "per_class": 2})
+    blocks = methods.build_method(
+        "uot_rcl",
+        {"neighbours": 5, "per_class": 2, "knn": "blocks", "knn_block": 16, "knn_probes": n},
+    )
+    want, _, _ = _main_memory(exact, info, pairs, jax.random.key(0))
+    got, _, _ = _main_memory(blocks, info, pairs, jax.random.key(0))
+    for name in ("labels", "targets_image", "targets_text"):
+        np.testing.assert_allclose(got.samples[name], want.samples[name], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="knn"):
+        methods.build_method("uot_rcl", {"knn": "approximate"})
+    assert "knn='blocks'" not in caplog.text
+    warn_above = mock.patch.object(uot_rcl, "EXACT_SEARCH_WARNING", n - 1)
+    with warn_above, caplog.at_level(logging.WARNING):
+        _main_memory(exact, info, pairs, jax.random.key(0))
+    assert f"every one of the {n} training pairs" in caplog.text
+    assert "method_kwargs.knn='blocks'" in caplog.text
 
 
 def test_refresh_during_warmup_changes_nothing(labelled):
