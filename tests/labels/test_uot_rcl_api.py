@@ -58,16 +58,18 @@ def test_correct_labels_is_the_six_steps_in_order(data):
     )
     np.testing.assert_allclose(chunked.labels, got.labels, rtol=1e-5, atol=1e-6)
     # The block search with every block searched (4 blocks of 16 rows): the same labels.
-    blocks = labels.correct_labels(
-        *inputs,
-        mass=0.6,
-        per_class=3,
-        neighbours=5,
-        key=jax.random.key(3),
-        knn="blocks",
-        knn_block=16,
-        knn_probes=4,
-    )
+    blocks = jax.jit(
+        lambda key, *a: labels.correct_labels(
+            *a,
+            mass=0.6,
+            per_class=3,
+            neighbours=5,
+            key=key,
+            knn="blocks",
+            knn_block=16,
+            knn_probes=4,
+        )
+    )(jax.random.key(3), *inputs)
     np.testing.assert_allclose(blocks.labels, got.labels, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="needs a key"):
         labels.correct_labels(*inputs, mass=0.5, confident="random")

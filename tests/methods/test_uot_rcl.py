@@ -347,18 +347,19 @@ def test_block_search_searching_every_block_gives_the_exact_refresh(labelled, ca
         "uot_rcl",
         {"neighbours": 5, "per_class": 2, "knn": "blocks", "knn_block": 16, "knn_probes": n},
     )
-    want, _, _ = _main_memory(exact, info, pairs, jax.random.key(0))
-    got, _, _ = _main_memory(blocks, info, pairs, jax.random.key(0))
+    warn_above = mock.patch.object(uot_rcl, "EXACT_SEARCH_WARNING", n - 1)
+    with warn_above, caplog.at_level(logging.WARNING):
+        want, _, _ = _main_memory(exact, info, pairs, jax.random.key(0))
+    assert f"every one of the {n} training pairs" in caplog.text
+    assert "method_kwargs.knn='blocks'" in caplog.text
+    caplog.clear()
+    with warn_above, caplog.at_level(logging.WARNING):
+        got, _, _ = _main_memory(blocks, info, pairs, jax.random.key(0))
+    assert "method_kwargs.knn='blocks'" not in caplog.text  # the block search says nothing
     for name in ("labels", "targets_image", "targets_text"):
         np.testing.assert_allclose(got.samples[name], want.samples[name], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="knn"):
         methods.build_method("uot_rcl", {"knn": "approximate"})
-    assert "knn='blocks'" not in caplog.text
-    warn_above = mock.patch.object(uot_rcl, "EXACT_SEARCH_WARNING", n - 1)
-    with warn_above, caplog.at_level(logging.WARNING):
-        _main_memory(exact, info, pairs, jax.random.key(0))
-    assert f"every one of the {n} training pairs" in caplog.text
-    assert "method_kwargs.knn='blocks'" in caplog.text
 
 
 def test_refresh_during_warmup_changes_nothing(labelled):
