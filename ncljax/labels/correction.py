@@ -380,17 +380,11 @@ def _block_order(unit, num_clusters: int, key, sample: int, iterations: int) -> 
         unit[drawn], num_clusters, init="random", n_init=1, max_iterations=iterations, rng=init
     ).centroids
     half_norm = 0.5 * jnp.sum(centroids * centroids, axis=-1)
-    chunk = 4096
 
-    def nearest(start):
-        rows = lax.dynamic_slice_in_dim(padded, start, chunk)
-        score = jnp.matmul(rows, centroids.T, precision=_HIGHEST) - half_norm
-        return jnp.argmax(score, axis=-1).astype(jnp.int32)
+    def nearest(row):  # the nearest centroid in Euclidean distance, as k-means assigns
+        return jnp.argmax(jnp.matmul(row, centroids.T, precision=_HIGHEST) - half_norm)
 
-    count = -(-num_samples // chunk)
-    padded = jnp.pad(unit, ((0, count * chunk - num_samples), (0, 0)))
-    starts = jnp.arange(count, dtype=jnp.int32) * chunk
-    cluster = lax.map(nearest, starts).reshape(-1)[:num_samples]
+    cluster = lax.map(nearest, unit, batch_size=4096)  # a [4096, C] product at a time
     return jnp.argsort(cluster, stable=True).astype(jnp.int32)
 
 
