@@ -6,10 +6,12 @@ the way the training loop would in a steady post-warm-up epoch, on a shrunk mode
 method, its hyperparameters and its model section come from ``configs/<method>.py:f30k``
 (the paper's backbone), with the head under test and the sizes of ``tests/test_configs.py``
 (``_shrink``), on 8 pairs of the ``data`` fixture (a step of two updates: 8 more pairs
-for its auxiliary batch), on one device. A method whose main step reads what the epoch's
-refresh wrote (NCR's and PC2's co-divide, UGNCL's division, GSC's labels) starts from a
-memory holding such a division (``POST_REFRESH``), not the initial one, under which they
-would train their warm-up objective (or GSC's all-ones labels).
+for its auxiliary batch), on one device: 3-13 s a cell, mostly compilation, so the default
+run takes one head per method and the slow run the other (``_cells``). A method whose main
+step reads what the epoch's refresh wrote (NCR's and PC2's co-divide, UGNCL's division,
+GSC's labels) starts from a memory holding such a division (``POST_REFRESH``), not the
+initial one, under which they would train their warm-up objective (or GSC's all-ones
+labels).
 
 Each case checks that the model really is the SGRAF head under test (its similarity head
 holds SGR's graph-reasoning layers or SAF's attention filter, not the other's), that every
@@ -137,8 +139,20 @@ def _leaves(params):
     }
 
 
-@pytest.mark.parametrize("head", HEADS)
-@pytest.mark.parametrize("name", METHODS)
+def _cells():
+    """Every (method, head) cell. The default run steps each method on one head, the heads
+    alternating over the methods (both heads with about half the methods each); the other
+    head of each method is in the slow run (``-m slow``). The heads' own code is tested in
+    ``tests/models/test_sgraf.py``; a cell tests what the method's step reads of the head."""
+    cells = []
+    for i, name in enumerate(METHODS):
+        for j, head in enumerate(HEADS):
+            default = (i + j) % len(HEADS) == 0
+            cells.append(pytest.param(name, head, marks=() if default else pytest.mark.slow))
+    return cells
+
+
+@pytest.mark.parametrize(("name", "head"), _cells())
 def test_main_step_runs_on_the_sgraf_head(data, name, head):
     info, batches = data
     method, cfg = _method_and_model(name, head)
