@@ -2,6 +2,7 @@
 
 from ncljax.labels.correction import (
     ConfidentSet,
+    blocks_capacity,
     confident_set,
     consistent_cost,
     jensen_shannon,
@@ -107,6 +108,7 @@ __all__ = [
     "RelationPlan",
     "assign_pseudo_captions",
     "bank_probabilities",
+    "blocks_capacity",
     "calibrate_energy",
     "calibrate_signals",
     "calibrated_cutoff",

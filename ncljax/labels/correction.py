@@ -294,44 +294,59 @@ def knn_cosine_blocks(
 
     The exact search (:func:`knn_cosine`) compares every row with every other: ``N^2 D``
     work, hours at ``10^6`` rows on a CPU. Here the rows are ordered by their nearest of
-    ``ceil(N / block)`` k-means centroids (``ott.tools.k_means`` on ``sample`` rows per
+    ``B = ceil(N / block)`` k-means centroids (``ott.tools.k_means`` on ``sample`` rows per
     centroid, ``iterations`` Lloyd steps from random centroids), so that rows of one
-    region of the sphere sit together, and the order is cut into blocks of ``block``
-    rows. The rows of a block search the ``probes`` blocks whose mean directions are
-    nearest its own (its own included): ``N * probes * block * D`` work, memory
-    ``block x probes * block`` at a time. A neighbour outside those blocks is missed;
-    the recall is measured in ``benchmarks/RESULTS.md``. With ``probes`` equal to the
-    number of blocks the search is exact.
+    region of the sphere sit together, and the order is cut into blocks of ``block`` rows
+    (the last may be short). The rows of a block search the ``probes`` blocks whose mean
+    directions are nearest its own (its own included): ``N * probes * block * D`` work,
+    one ``block x probes * block`` similarity at a time. The k-means holds a ``[min(N,
+    sample * B), B]`` cost matrix: 122 MB at ``10^6`` rows in blocks of 1,024, but it
+    grows with ``(N / block)^2`` (11 GB at ``10^7``; lower ``sample`` there). A
+    neighbour outside the searched blocks is missed; the recall is measured in
+    ``benchmarks/RESULTS.md``. With ``probes`` equal to the number of blocks the search
+    is exact, ties included: equal similarities go to the lower row, as in
+    :func:`knn_cosine`.
 
     Args:
       z: ``[N, D]`` embeddings (rows normalised first, as :func:`knn_cosine`).
       k: neighbours per row (static; at most the fewest rows a block searches, less one
-        excluding self: ``(probes - 1) * block`` plus the last block's rows).
+        excluding self: :func:`blocks_capacity`, at least ``(probes - 1) * block``).
       key: the random sample and centroids of the k-means.
-      block: rows per block (static).
-      probes: blocks each block searches (static; clipped to the number of blocks).
+      block: rows per block (static, a positive integer).
+      probes: blocks each block searches (static, a positive integer; clipped to the
+        number of blocks).
       exclude_self: drop ``j = i`` from the candidates (static).
-      sample: k-means rows per centroid (static; clipped to ``N``).
-      iterations: Lloyd iterations of the k-means (static).
+      sample: k-means rows per centroid (static, a positive integer; clipped to ``N``).
+      iterations: Lloyd iterations of the k-means (static, a positive integer).
 
     Returns:
       ``(index, similarity)`` as :func:`knn_cosine`: int32 ``[N, k]`` and ``[N, k]`` in
       descending order of similarity.
     """
+    for name, value in (
+        ("block", block),
+        ("probes", probes),
+        ("sample", sample),
+        ("iterations", iterations),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     unit = _unit_rows(z)
+    if unit.ndim != 2:
+        raise ValueError(f"z must be [N, D] embeddings, got shape {unit.shape}")
     num_samples = unit.shape[0]
-    block = max(1, min(block, num_samples))
-    num_blocks = -(-num_samples // block)
-    probes = max(1, min(probes, num_blocks))
-    # Every block's candidates hold at least this many rows (the last block may be short).
-    last = num_samples - (num_blocks - 1) * block
-    fewest = num_samples if probes == num_blocks else (probes - 1) * block + last
-    limit = fewest - (1 if exclude_self else 0)
+    limit = blocks_capacity(num_samples, block, probes, exclude_self=exclude_self)
     if not 1 <= k <= limit:
         raise ValueError(
-            f"k={k} must be in [1, {limit}] for N={num_samples}, block={block} and "
-            f"probes={probes}: raise block or probes."
+            f"k={k} neighbours must be in [1, {limit}]: N={num_samples} rows in blocks of "
+            f"{block}, each block searching {probes}, leave at least {limit} "
+            "candidates per row"
+            + ("" if limit >= num_samples - 1 else "; raise block or probes, or lower k")
+            + "."
         )
+    block = min(block, num_samples)
+    num_blocks = -(-num_samples // block)
+    probes = min(probes, num_blocks)
     order = _block_order(unit, num_blocks, key, sample, iterations)
     padded = num_blocks * block
     position = jnp.pad(order, (0, padded - num_samples), constant_values=num_samples)
@@ -342,10 +357,13 @@ def knn_cosine_blocks(
 
     def search(args):
         b, probe = args
-        candidates = rows[probe].reshape(probes * block, -1)
+        column = (probe[:, None] * block + jnp.arange(block)).reshape(-1)  # slots searched
+        # the candidates in the order of their rows, so that top_k breaks a tie by the
+        # lower row (padding, position N, last)
+        column = column[jnp.argsort(position[column], stable=True)]
+        candidates = rows.reshape(padded, -1)[column]
         sim = jnp.matmul(rows[b], candidates.T, precision=_HIGHEST)
-        column = (probe[:, None] * block + jnp.arange(block)).reshape(-1)  # sorted positions
-        drop = ~real[probe].reshape(-1)[None, :]
+        drop = ~real.reshape(-1)[column][None, :]
         if exclude_self:
             drop = drop | (column[None, :] == b * block + jnp.arange(block)[:, None])
         top, at = lax.top_k(jnp.where(drop, -jnp.inf, sim), k)
@@ -360,6 +378,21 @@ def knn_cosine_blocks(
         jnp.full((num_samples, k), -jnp.inf, unit.dtype).at[position].set(similarity, mode="drop")
     )
     return index, sims
+
+
+def blocks_capacity(num_samples: int, block: int, probes: int, *, exclude_self: bool = True):
+    """The most neighbours :func:`knn_cosine_blocks` can return per row for ``N =
+    num_samples`` rows: the fewest rows any block searches, less one excluding self. That
+    is ``N`` where ``probes`` covers every block, else ``probes - 1`` full blocks of
+    ``block`` rows and the last block, which may be short (``N - (B - 1) block`` rows of
+    ``B = ceil(N / block)`` blocks): at least ``(probes - 1) * block + 1``."""
+    block = max(1, min(block, num_samples))
+    num_blocks = -(-num_samples // block)
+    if min(probes, num_blocks) == num_blocks:
+        fewest = num_samples
+    else:
+        fewest = (probes - 1) * block + num_samples - (num_blocks - 1) * block
+    return fewest - (1 if exclude_self else 0)
 
 
 def _block_order(unit, num_clusters: int, key, sample: int, iterations: int) -> jax.Array:

@@ -517,8 +517,32 @@ def bind(s: Settings, model_config=None) -> base.Method:
     )
 
 
+def validate(values) -> None:
+    """Refuses more ``neighbours`` than the block search is sure to search, whatever
+    the number of pairs (after every setting passed its own rule)."""
+    if values["knn"] != "blocks":
+        return
+    # knn_probes - 1 full blocks and the last block, which may hold one pair
+    most = (values["knn_probes"] - 1) * values["knn_block"] + 1 - int(values["exclude_self"])
+    settings.require(
+        values["neighbours"] <= most,
+        "uot_rcl",
+        "neighbours",
+        f"<= (knn_probes - 1) * knn_block{'' if values['exclude_self'] else ' + 1'} = {most} "
+        "with knn='blocks' (the last block may hold a single pair; raise knn_probes or "
+        "knn_block)",
+        values["neighbours"],
+    )
+
+
 uot_rcl = settings.factory(
-    "uot_rcl", Settings, CHECKS, bind, family="labels", plan_problems=plan_problems
+    "uot_rcl",
+    Settings,
+    CHECKS,
+    bind,
+    validate=validate,
+    family="labels",
+    plan_problems=plan_problems,
 )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from ncljax.labels.correction import (
     ConfidentSet,
+    blocks_capacity,
     confident_set,
     consistent_cost,
     jensen_shannon,
@@ -370,9 +371,63 @@ def test_knn_blocks_finds_most_neighbours_among_nearby_blocks():
 def test_knn_blocks_rejects_more_neighbours_than_a_block_searches():
     z = _rng(9).normal(size=(37, 6)).astype(np.float32)
     # block 8, 2 probes: the fewest rows searched are 8 + 5 (the last block), 12 without self
+    assert blocks_capacity(37, 8, 2) == 12 and blocks_capacity(37, 8, 2, exclude_self=False) == 13
     _knn_cosine_blocks(z, k=12, key=jax.random.key(0), block=8, probes=2)
-    with pytest.raises(ValueError, match="raise block or probes"):
+    with pytest.raises(ValueError, match=r"k=13 neighbours must be in \[1, 12\].*raise block or"):
         _knn_cosine_blocks(z, k=13, key=jax.random.key(0), block=8, probes=2)
+    with pytest.raises(
+        ValueError, match=r"k=37 neighbours must be in \[1, 36\]: N=37 .* per row\."
+    ):
+        _knn_cosine_blocks(z, k=37, key=jax.random.key(0), block=8, probes=5)
+    # one probe past a multiple of the block: the last block holds one row
+    with pytest.raises(ValueError, match=r"k=1 neighbours must be in \[1, 0\].*raise block or"):
+        _knn_cosine_blocks(z[:17], k=1, key=jax.random.key(0), block=8, probes=1)
+
+
+def test_blocks_capacity_is_the_fewest_rows_a_block_searches():
+    """Against the blocks counted by hand: ``ceil(N / block)`` blocks of ``block`` sorted
+    rows, the last one short, and the ``probes`` smallest of them; never below
+    ``(probes - 1) * block`` where it is below ``N - 1``."""
+    for n in range(1, 90):
+        for block in (1, 2, 3, 7, 8, 16, 100):
+            for probes in (1, 2, 3, 5):
+                sizes = np.diff(np.minimum(np.arange(0, n + block, block), n))
+                sizes = sizes[sizes > 0]
+                fewest = n if probes >= sizes.size else int(np.sort(sizes)[:probes].sum())
+                got = blocks_capacity(n, block, probes)
+                assert got == fewest - 1, (n, block, probes)
+                assert blocks_capacity(n, block, probes, exclude_self=False) == fewest
+                if got < n - 1:
+                    assert got >= (probes - 1) * block, (n, block, probes)
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_knn_blocks_break_ties_by_the_lower_row_as_the_exact_search(exclude_self):
+    """Duplicated rows (equal similarities): searching every block gives the exact
+    search's neighbours, each tie to the lower row, whatever order the k-means put them in."""
+    rng = _rng(12)
+    distinct = rng.normal(size=(6, 5)).astype(np.float32)
+    z = distinct[rng.integers(0, 6, 40)]
+    exact, exact_sim = _knn_cosine(z, k=7, chunk=16, exclude_self=exclude_self, key_chunk=None)
+    for seed in range(3):
+        index, sim = _knn_cosine_blocks(
+            z, k=7, key=jax.random.key(seed), block=8, probes=5, exclude_self=exclude_self
+        )
+        np.testing.assert_array_equal(index, exact)
+        np.testing.assert_allclose(sim, exact_sim, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("block", 0), ("probes", -1), ("sample", 2.5), ("iterations", 0), ("block", True)],
+)
+def test_knn_blocks_refuses_a_setting_that_is_not_a_positive_integer(argument, value):
+    z = _rng(13).normal(size=(20, 4)).astype(np.float32)
+    kwargs = dict(k=3, key=jax.random.key(0), block=8, probes=2) | {argument: value}
+    with pytest.raises(ValueError, match=rf"^{argument} must be a positive integer, got"):
+        knn_cosine_blocks(z, **kwargs)
+    with pytest.raises(ValueError, match=r"z must be \[N, D\] embeddings, got shape \(20,\)"):
+        knn_cosine_blocks(z[:, 0], k=3, key=jax.random.key(0))
 
 
 # ---------------------------------------------------------------- modal consistency

@@ -362,6 +362,26 @@ def test_block_search_searching_every_block_gives_the_exact_refresh(labelled, ca
         methods.build_method("uot_rcl", {"knn": "approximate"})
 
 
+def test_block_search_settings_hold_for_every_number_of_pairs(labelled):
+    """More neighbours than a block search is sure to search are refused when the method
+    is built, in one line naming the fields; what it accepts refreshes at any ``N``: 40
+    pairs in blocks of 13 leave a last block of one pair, and the two smallest blocks
+    searched hold 14 pairs, 13 other than the query."""
+    kwargs = {"per_class": 2, "knn": "blocks", "knn_block": 13, "knn_probes": 2}
+    with pytest.raises(
+        ValueError, match=r"^uot_rcl neighbours must be <= \(knn_probes - 1\) \* knn_block = 13 "
+    ):
+        methods.build_method("uot_rcl", kwargs | {"neighbours": 14})
+    methods.build_method("uot_rcl", kwargs | {"neighbours": 14, "exclude_self": False})
+    methods.build_method("uot_rcl", kwargs | {"neighbours": 200, "knn": "exact"})
+    with pytest.raises(ValueError, match=r"raise knn_probes or knn_block"):
+        methods.build_method("uot_rcl", kwargs | {"neighbours": 1, "knn_probes": 1})
+    info, pairs, _ = labelled
+    method = methods.build_method("uot_rcl", kwargs | {"neighbours": 13})
+    memory, _, _ = _main_memory(method, info, pairs, jax.random.key(0))
+    assert np.isfinite(np.asarray(memory.samples["targets_image"])).all()
+
+
 def test_refresh_during_warmup_changes_nothing(labelled):
     info, pairs, _ = labelled
     method = methods.build_method("uot_rcl")
