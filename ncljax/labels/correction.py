@@ -29,6 +29,7 @@ References:
 
 import functools
 import math
+import numbers
 import warnings
 from typing import NamedTuple
 
@@ -68,6 +69,21 @@ def _unit_rows(x: ArrayLike, eps: float = 1e-12) -> jax.Array:
     sq = jnp.sum(x * x, axis=-1, keepdims=True)
     # max() inside rsqrt keeps the gradient finite at a zero row.
     return x * lax.rsqrt(jnp.maximum(sq, eps * eps))
+
+
+def _positive_ints(**values) -> None:
+    """Refuses a static size or count that is not a positive integer, in one line."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _embeddings(z: ArrayLike) -> jax.Array:
+    """``[N, D]`` embeddings as unit rows (:func:`_unit_rows`), or one error."""
+    unit = _unit_rows(z)
+    if unit.ndim != 2:
+        raise ValueError(f"z must be [N, D] embeddings, got shape {unit.shape}")
+    return unit
 
 
 def jensen_shannon(p: ArrayLike, q: ArrayLike, *, axis: int = -1) -> jax.Array:
@@ -250,7 +266,8 @@ def knn_cosine(
       UOT-RCL Sec. IV-B1, Eq. 8 (neighbour sets; :math:`\kappa` is about 5 per mille of
       the training set, Sec. V-B, hence a chunked search over the whole set).
     """
-    unit = _unit_rows(z)
+    _positive_ints(chunk=chunk, **({} if key_chunk is None else {"key_chunk": key_chunk}))
+    unit = _embeddings(z)
     num_samples = unit.shape[0]
     limit = num_samples - 1 if exclude_self else num_samples
     if not 1 <= k <= limit:
@@ -323,17 +340,8 @@ def knn_cosine_blocks(
       ``(index, similarity)`` as :func:`knn_cosine`: int32 ``[N, k]`` and ``[N, k]`` in
       descending order of similarity.
     """
-    for name, value in (
-        ("block", block),
-        ("probes", probes),
-        ("sample", sample),
-        ("iterations", iterations),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    unit = _unit_rows(z)
-    if unit.ndim != 2:
-        raise ValueError(f"z must be [N, D] embeddings, got shape {unit.shape}")
+    _positive_ints(block=block, probes=probes, sample=sample, iterations=iterations)
+    unit = _embeddings(z)
     num_samples = unit.shape[0]
     limit = blocks_capacity(num_samples, block, probes, exclude_self=exclude_self)
     if not 1 <= k <= limit:

@@ -42,6 +42,21 @@ class LabelCorrection(NamedTuple):
     ot: ot.PartialOTOutput
 
 
+def _refuse_non_finite(**arrays: ArrayLike) -> None:
+    """One error for an input holding NaN or inf, where the inputs are values (called
+    eagerly; under ``jit`` they are traced and the caller checks them): a NaN row would be
+    every row's nearest neighbour and vote its NaN into every corrected label."""
+    for name, x in arrays.items():
+        if isinstance(x, jax.core.Tracer):
+            continue
+        bad = int(jnp.sum(~jnp.isfinite(jnp.asarray(x))))
+        if bad:
+            raise ValueError(
+                f"{name} holds {bad} NaN or infinite values: pass finite embeddings and "
+                "logits (a model that diverged gives none)."
+            )
+
+
 def correct_labels(
     z_image: ArrayLike,
     z_text: ArrayLike,
@@ -102,6 +117,9 @@ def correct_labels(
     Returns:
       The :class:`LabelCorrection`.
     """
+    _refuse_non_finite(
+        z_image=z_image, z_text=z_text, logits_image=logits_image, logits_text=logits_text
+    )
     p_image = jax.nn.softmax(jnp.asarray(logits_image), -1)
     p_text = jax.nn.softmax(jnp.asarray(logits_text), -1)
     num_samples, num_classes = p_image.shape

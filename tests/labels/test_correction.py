@@ -323,6 +323,12 @@ def test_knn_rejects_bad_k():
     _knn_cosine(z, k=5, exclude_self=False)
 
 
+@pytest.mark.parametrize(("chunk", "key_chunk"), [(0, None), (2.5, None), (4, 0), (4, True)])
+def test_knn_refuses_chunks_that_are_not_positive_integers(chunk, key_chunk):
+    with pytest.raises(ValueError, match=r"chunk must be a positive integer, got"):
+        knn_cosine(jnp.ones((5, 3)), k=2, chunk=chunk, key_chunk=key_chunk)
+
+
 @pytest.mark.parametrize("exclude_self", [True, False])
 @pytest.mark.parametrize("block", [5, 8, 37])
 def test_knn_blocks_searching_every_block_is_exact(exclude_self, block):

@@ -79,6 +79,19 @@ def test_correct_labels_is_the_six_steps_in_order(data):
         labels.correct_labels(*inputs, mass=0.5, knn="approximate")
 
 
+@pytest.mark.parametrize("argument", [0, 1, 2, 3])
+def test_correct_labels_refuses_non_finite_embeddings_and_logits(data, argument):
+    """Called on values, a NaN or inf input is one error naming it (a NaN row would be
+    every row's neighbour); under ``jit`` nothing is checked (traced)."""
+    z_image, z_text, logits_image, logits_text, observed = data
+    inputs = [np.array(x, np.float32) for x in (z_image, z_text, logits_image, logits_text)]
+    inputs[argument][3, 1] = np.nan if argument % 2 else np.inf
+    name = ("z_image", "z_text", "logits_image", "logits_text")[argument]
+    marginal = np.full(observed.shape[1], 1.0 / observed.shape[1], np.float32)
+    with pytest.raises(ValueError, match=rf"^{name} holds 1 NaN or infinite values: pass"):
+        labels.correct_labels(*inputs, observed, observed, marginal, mass=0.6, neighbours=5)
+
+
 def test_uot_rcl_loss_terms_against_numpy(data):
     z_image, z_text, logits_image, logits_text, observed = data
     b = 16
