@@ -30,7 +30,6 @@ References:
 import functools
 import math
 import numbers
-import warnings
 from typing import NamedTuple
 
 import jax
@@ -311,14 +310,15 @@ def knn_cosine_blocks(
 
     The exact search (:func:`knn_cosine`) compares every row with every other: ``N^2 D``
     work, hours at ``10^6`` rows on a CPU. Here the rows are ordered by their nearest of
-    ``B = ceil(N / block)`` k-means centroids (``ott.tools.k_means`` on ``sample`` rows per
-    centroid, ``iterations`` Lloyd steps from random centroids), so that rows of one
+    ``B = ceil(N / block)`` k-means centroids (Lloyd's algorithm on ``sample`` rows per
+    centroid, ``iterations`` steps from centroids drawn among them), so that rows of one
     region of the sphere sit together, and the order is cut into blocks of ``block`` rows
     (the last may be short). The rows of a block search the ``probes`` blocks whose mean
     directions are nearest its own (its own included): ``N * probes * block * D`` work,
-    one ``block x probes * block`` similarity at a time. The k-means holds a ``[min(N,
-    sample * B), B]`` cost matrix: 122 MB at ``10^6`` rows in blocks of 1,024, but it
-    grows with ``(N / block)^2`` (11 GB at ``10^7``; lower ``sample`` there). A
+    one ``block x probes * block`` similarity at a time (and the k-means a ``4096 x B``
+    product at a time: 160 MB at ``10^7`` rows in blocks of 1,024), beside the rows in
+    block order (``N x D``). The k-means' work, ``iterations * sample * B^2 * D``, grows
+    with ``N^2 / block``: about a second at ``10^6`` rows, a minute at ``10^7``. A
     neighbour outside the searched blocks is missed; the recall is measured in
     ``benchmarks/RESULTS.md``. With ``probes`` equal to the number of blocks the search
     is exact, ties included: equal similarities go to the lower row, as in
@@ -404,29 +404,75 @@ def blocks_capacity(num_samples: int, block: int, probes: int, *, exclude_self: 
 
 
 def _block_order(unit, num_clusters: int, key, sample: int, iterations: int) -> jax.Array:
-    """The rows ordered by their nearest k-means centroid (stable within a centroid)."""
-    # Imported here, its warning muted: ott's k-means imports ott's point clouds, whose
-    # cost module imports JAXopt, which warns on import that it is no longer maintained.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "JAXopt is no longer maintained", DeprecationWarning)
-        from ott.tools import k_means
-
+    """The rows ordered by their nearest k-means centroid (stable within a centroid):
+    :func:`lloyd_centroids` on ``sample`` rows per centroid, from centroids drawn among them."""
     num_samples = unit.shape[0]
     if num_clusters == 1:
         return jnp.arange(num_samples, dtype=jnp.int32)
     pick, init = jax.random.split(key)
     size = min(num_samples, max(sample * num_clusters, num_clusters))
-    drawn = jax.random.choice(pick, num_samples, (size,), replace=False)
-    centroids = k_means.k_means(
-        unit[drawn], num_clusters, init="random", n_init=1, max_iterations=iterations, rng=init
-    ).centroids
+    points = unit[jax.random.choice(pick, num_samples, (size,), replace=False)]
+    start = points[jax.random.choice(init, size, (num_clusters,), replace=False)]
+    centroids = lloyd_centroids(points, start, iterations=iterations)
+    return jnp.argsort(nearest_centroid(unit, centroids), stable=True).astype(jnp.int32)
+
+
+def nearest_centroid(x: ArrayLike, centroids: ArrayLike, *, rows: int = 4096) -> jax.Array:
+    """Each row's nearest centroid in Euclidean distance (the lower index on a tie), ``rows``
+    rows at a time: memory ``rows x C`` whatever ``N``.
+
+    Args:
+      x: ``[N, D]``.
+      centroids: ``[C, D]``.
+      rows: rows per step (static).
+
+    Returns:
+      int32 ``[N]``.
+    """
+    x, centroids = _as_float(x), _as_float(centroids)
     half_norm = 0.5 * jnp.sum(centroids * centroids, axis=-1)
 
-    def nearest(row):  # the nearest centroid in Euclidean distance, as k-means assigns
-        return jnp.argmax(jnp.matmul(row, centroids.T, precision=_HIGHEST) - half_norm)
+    def nearest(chunk):  # argmin |x - c|^2 = argmax x.c - |c|^2 / 2
+        scores = jnp.matmul(chunk, centroids.T, precision=_HIGHEST) - half_norm
+        return jnp.argmax(scores, axis=-1).astype(jnp.int32)
 
-    cluster = lax.map(nearest, unit, batch_size=4096)  # a [4096, C] product at a time
-    return jnp.argsort(cluster, stable=True).astype(jnp.int32)
+    num = x.shape[0]
+    rows = max(1, min(rows, num))
+    count = -(-num // rows)
+    chunks = jnp.pad(x, ((0, count * rows - num), (0, 0))).reshape(count, rows, -1)
+    return lax.map(nearest, chunks).reshape(-1)[:num]
+
+
+def lloyd_centroids(points: ArrayLike, start: ArrayLike, *, iterations: int) -> jax.Array:
+    """``iterations`` steps of Lloyd's k-means from the centroids ``start``: each point to
+    its nearest centroid (:func:`nearest_centroid`), each centroid to the mean of its
+    points; a centroid left without points keeps its place.
+
+    ``ott.tools.k_means`` runs the same steps but holds the whole ``[points, C]`` cost
+    matrix (11 GiB for the block search's k-means at ``10^7`` rows in blocks of 1,024,
+    :func:`knn_cosine_blocks`); here it is ``4096 x C`` at a time.
+
+    Args:
+      points: ``[M, D]``.
+      start: ``[C, D]`` the first centroids.
+      iterations: Lloyd steps (static).
+
+    Returns:
+      ``[C, D]`` centroids.
+    """
+    points, start = _as_float(points), _as_float(start)
+    num_clusters = start.shape[0]
+    ones = jnp.ones(points.shape[0], points.dtype)
+
+    def step(centroids, _):
+        cluster = nearest_centroid(points, centroids)
+        sums = jax.ops.segment_sum(points, cluster, num_clusters)
+        counts = jax.ops.segment_sum(ones, cluster, num_clusters)
+        mean = sums / jnp.maximum(counts, 1.0)[:, None]
+        return jnp.where(counts[:, None] > 0, mean, centroids), None
+
+    centroids, _ = lax.scan(step, start, None, length=iterations)
+    return centroids
 
 
 def _knn_block_scan(unit, k, exclude_self, key_chunk, chunk, args):

@@ -17,7 +17,9 @@ from ncljax.labels.correction import (
     jensen_shannon_pairwise,
     knn_cosine,
     knn_cosine_blocks,
+    lloyd_centroids,
     modal_consistency,
+    nearest_centroid,
     random_confident_set,
     relation_scores,
     update_targets,
@@ -405,6 +407,38 @@ def test_blocks_capacity_is_the_fewest_rows_a_block_searches():
                 assert blocks_capacity(n, block, probes, exclude_self=False) == fewest
                 if got < n - 1:
                     assert got >= (probes - 1) * block, (n, block, probes)
+
+
+@pytest.mark.parametrize("rows", [7, 64, 4096])
+def test_nearest_centroid_is_the_numpy_argmin_in_any_chunks(rows):
+    x = _rng(14).normal(size=(50, 5))
+    centroids = _rng(15).normal(size=(9, 5))
+    want = np.argmin(((x[:, None, :] - centroids[None]) ** 2).sum(-1), axis=1)
+    got = nearest_centroid(x.astype(np.float32), centroids.astype(np.float32), rows=rows)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == jnp.int32
+
+
+@pytest.mark.parametrize("iterations", [1, 3, 10])
+def test_lloyd_centroids_are_scikit_learns_lloyd_steps(iterations):
+    """scikit-learn's ``KMeans(algorithm='lloyd')`` from the same first centroids, run for
+    exactly ``iterations`` steps (``tol=0``; well-separated clusters, so no centroid is left
+    without points, which scikit-learn would move elsewhere)."""
+    from sklearn.cluster import KMeans
+
+    points = _clusters(600, 6, 8, 0.6, seed=16).astype(np.float64)
+    start = points[_rng(17).choice(600, 8, replace=False)]
+    want = KMeans(8, init=start, n_init=1, max_iter=iterations, tol=0, algorithm="lloyd")
+    want = want.fit(points).cluster_centers_
+    got = lloyd_centroids(np.float32(points), np.float32(start), iterations=iterations)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_lloyd_centroids_keep_a_centroid_without_points_in_place():
+    points = np.array([[0.0, 0.0], [0.2, 0.0], [5.0, 5.0]], np.float32)
+    start = np.array([[0.1, 0.0], [5.0, 4.0], [100.0, 100.0]], np.float32)
+    got = lloyd_centroids(points, start, iterations=2)
+    np.testing.assert_allclose(got, [[0.1, 0.0], [5.0, 5.0], [100.0, 100.0]], atol=1e-6)
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])
