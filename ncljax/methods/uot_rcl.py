@@ -97,7 +97,7 @@ class Settings(NamedTuple):
         work: about a minute at 10^5 pairs on 2 CPU cores, hours at 10^6) or
         ``'blocks'``, an approximate search among nearby pairs
         (``ncljax.labels.knn_cosine_blocks``: ``N * knn_probes * knn_block * D`` work; 6 s
-        at 10^5 pairs with recall 0.99, a minute at 10^6 with recall 0.89 on clustered
+        at 10^5 pairs with recall 0.98, a minute at 10^6 with recall 0.88 on clustered
         embeddings, ``benchmarks/RESULTS.md``) [ncljax; the paper searches exactly].
       knn_block: rows per block of the approximate search (1024).
       knn_probes: blocks each block searches (16).
@@ -443,7 +443,7 @@ def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = N
             "uot_rcl: the exact neighbour search compares every one of the %d training pairs "
             "with every other before each epoch (about a minute at 10^5 pairs on 2 CPU "
             "cores, growing with the square of N). method_kwargs.knn='blocks' searches "
-            "nearby pairs only (6 s at 10^5 pairs, recall 0.99).",
+            "nearby pairs only (6 s at 10^5 pairs, recall 0.98).",
             num_pairs,
         )
     estimate_fn = estimator(s) if estimate_fn is None else estimate_fn
