@@ -448,7 +448,7 @@ def lloyd_centroids(points: ArrayLike, start: ArrayLike, *, iterations: int) -> 
     its nearest centroid (:func:`nearest_centroid`), each centroid to the mean of its
     points; a centroid left without points keeps its place.
 
-    ``ott.tools.k_means`` runs the same steps but holds the whole ``[points, C]`` cost
+    ``ott.tools.k_means`` is Lloyd's algorithm too, but holds the whole ``[points, C]`` cost
     matrix (11 GiB for the block search's k-means at ``10^7`` rows in blocks of 1,024,
     :func:`knn_cosine_blocks`); here it is ``4096 x C`` at a time.
 
