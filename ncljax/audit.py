@@ -10,10 +10,14 @@ newest checkpoint of ``checkpoints/latest`` and its best model, ``checkpoints/be
   more confidently corrected label, then to the lower index), with ``index`` (the caption
   index ``k`` of the training split: caption ``k`` of the dataset, as the trainer numbers
   its pairs), ``clean_score`` (higher = more likely matched: by default, ``--rank_by=
-  model``, the similarity the run's best model gives the pair, the one it retrieves
-  with; ``--rank_by=method``: the method's own belief), ``method_score`` (with
-  ``--rank_by=model``: the method's own belief that the pair matches, see
-  ``Method.verdict``), ``image_id`` and ``caption``
+  trajectory``, the pair's similarity under the model at the end of each epoch, averaged
+  over the epochs up to the best model's, where the run recorded it
+  (``train.pair_trajectory``, the ``:vectors`` settings; ``ncljax.train.trajectory``),
+  else as ``--rank_by=model``: the similarity the run's best model gives the pair, the one
+  it retrieves with; ``--rank_by=method``: the method's own belief), ``model_score`` (with
+  the trajectory: the best model's similarity), ``method_score`` (unless ``--rank_by=
+  method``: the method's own belief that the pair matches, see ``Method.verdict``),
+  ``image_id`` and ``caption``
   (``data.name='vectors'``: the folder's ``train_image_ids.txt`` / ``train_captions.txt``,
   of the image the pair was trained with; empty where the dataset has none) and, for the
   noisy-label methods (UOT-RCL), ``observed_label_image``, ``observed_label_text`` (the
@@ -87,8 +91,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ncljax import methods, models
-from ncljax.data import fingerprint, noise, pipeline, sources
-from ncljax.train import checkpoint, ensemble, rundir
+from ncljax.data import fingerprint, pipeline, sources
+from ncljax.train import checkpoint, ensemble, rundir, trajectory
 from ncljax.train import state as state_lib
 
 NOTHING_TO_AUDIT = 3  # the exit status for a run whose method scores no pair
@@ -137,8 +141,12 @@ class PairScores(NamedTuple):
       method_score: float64 ``[N]``, the method's own belief (``Method.verdict``; its
         ``threshold`` applies to it); ``clean_score`` itself where ``ranked_by`` is
         ``'method'``.
-      ranked_by: ``'model'`` (``clean_score`` is the checkpoint's model's similarity of
-        each pair) or ``'method'`` (it is ``method_score``).
+      ranked_by: ``'trajectory'`` (``clean_score`` is each pair's similarity averaged
+        over the epochs up to the best model's, ``ncljax.train.trajectory``), ``'model'``
+        (it is the best model's similarity of each pair) or ``'method'`` (it is
+        ``method_score``).
+      model_score: float64 ``[N]``, the best model's similarity of each pair, where
+        ``ranked_by`` is ``'trajectory'``; None otherwise.
     """
 
     method: str
@@ -156,6 +164,7 @@ class PairScores(NamedTuple):
     held_out: dict[str, Any] | None = None
     method_score: np.ndarray | None = None
     ranked_by: str = "method"
+    model_score: np.ndarray | None = None
 
 
 class _Restored(NamedTuple):
@@ -252,40 +261,21 @@ def _restore_latest(workdir: str, like: dict) -> _Restored:
     )
 
 
-def _restore_model(workdir: str, like: dict) -> tuple[dict, int, str, list[str]]:
+def _restore_model(workdir: str, like: dict) -> tuple[dict, int, str, list[str], int]:
     """The model the run retrieves with: its best-on-validation checkpoint (the newest
     readable one of ``best``), else, before its first validation, the model of the newest
-    checkpoint. Returns ``(parts, step, which, notes)``."""
+    checkpoint. Returns ``(parts, step, which, notes, epoch)``, ``epoch`` the one at whose
+    end the best model was saved (-1 for the newest checkpoint's)."""
     directory = os.path.join(os.path.abspath(workdir), "checkpoints", "best")
     notes = []
     if os.path.isdir(directory):
         restored, notes = _read_newest(directory, like)
         if restored is not None:
-            return restored.state, restored.step, "best", notes
+            epoch = int(restored.meta.get("best_epoch", -1))
+            return restored.state, restored.step, "best", notes, epoch
     restored = _restore_latest(workdir, like)
     notes.append("the run has no readable best model yet: the model's scores are the newest")
-    return restored.state, restored.step, "latest", notes
-
-
-def _paired_images(split, noise_cfg) -> np.ndarray:
-    """The image each training caption was trained with (``pipeline.training_pairs``)."""
-    n, cpi = split.num_captions, split.captions_per_image
-    if noise_cfg.kind == "file":
-        made = noise.load_correspondence_noise_file(
-            noise_cfg.file.path, n, cpi, expected=noise_cfg.file.layout
-        )
-        return made.image_index
-    if noise_cfg.kind in ("per_caption", "per_image"):
-        made = noise.correspondence_noise(
-            n,
-            cpi,
-            rate=noise_cfg.rate,
-            seed=noise_cfg.seed,
-            protocol=noise_cfg.kind,
-            exact=noise_cfg.pairs.exact,
-        )
-        return made.image_index
-    return np.arange(n) // cpi  # no correspondence noise: the pairs as the dataset gives them
+    return restored.state, restored.step, "latest", notes, -1
 
 
 def _display(config, split) -> tuple[list[str] | None, list[str] | None]:
@@ -296,7 +286,7 @@ def _display(config, split) -> tuple[list[str] | None, list[str] | None]:
 
     image_ids, captions = vectors.display_texts(config.data, "train")
     if image_ids is not None:
-        image_index = _paired_images(split, config.noise)
+        image_index = pipeline.paired_images(split, config.noise)
         image_ids = [image_ids[i] for i in image_index]
     return image_ids, (list(captions) if captions is not None else None)
 
@@ -374,7 +364,7 @@ def rank_of(clean_score: np.ndarray, confidence: np.ndarray | None = None) -> np
     return rank
 
 
-RANKINGS = ("model", "method")  # what clean_score is: pair_scores(rank_by=...)
+RANKINGS = ("trajectory", "model", "method")  # what clean_score is: pair_scores(rank_by=...)
 
 
 class _Model(NamedTuple):
@@ -392,14 +382,14 @@ def _model_like(config, method, dataset) -> tuple[Any, dict]:
     return graphdef, {"params": params, "model_state": model_state}
 
 
-GLOBAL_BATCH = 4096  # pairs encoded at a time for the model's score of a feature-vector run
 MODEL_SCORE = "the similarity its best model gives the pair (as it evaluates and retrieves)"
+TRAJECTORY_SCORE = "the pair's similarity under the model at the end of each epoch, averaged"
 
 
-def _model_score(config, method, dataset, graphdef, restored: dict, image_index) -> np.ndarray:
-    """The similarity the checkpoint's model gives each training pair (caption ``k`` with
-    image ``image_index[k]``): its evaluation similarity (every network and view, pooled
-    as the run evaluates), the one a retrieval with it ranks by."""
+def _model_score(config, method, dataset, graphdef, restored: dict) -> np.ndarray:
+    """The similarity the checkpoint's model gives each training pair: its evaluation
+    similarity (every network and view, pooled as the run evaluates), the one a retrieval
+    with it ranks by (``Evaluator.training_pair_similarity``)."""
     from ncljax.train import evaluator as evaluator_lib
     from ncljax.train import mesh as mesh_lib
 
@@ -407,27 +397,22 @@ def _model_score(config, method, dataset, graphdef, restored: dict, image_index)
     with jax.set_mesh(mesh):
         model = mesh_lib.replicate(_Model(restored["params"], restored["model_state"]), mesh)
         evaluator = evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method)
-        # A vector's encoders are small: batches of about GLOBAL_BATCH (a multiple of the
-        # evaluation batch, which the mesh divides) pay the per-batch cost once per ~4,096
-        # pairs (1,000,000 pairs of a 256-64-32 MLP: 3.4 s against 9.1 s at 256).
-        inputs = models.input_fields(config.model)
-        batch_size = None
-        if inputs == (("global_image",), ("global_text",)):
-            batch_size = config.eval.batch_size * -(-GLOBAL_BATCH // config.eval.batch_size)
-        return evaluator.pair_similarity(model, "train", image_index, batch_size=batch_size)
+        return evaluator.training_pair_similarity(model)
 
 
-def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:
+def pair_scores(workdir: str, rank_by: str = "trajectory") -> PairScores:
     """The verdict of the run in ``workdir`` on each of its training pairs.
 
     Rebuilds the run's training pairs from its ``config.json`` (the dataset and its noise,
     checked against the run's noise checksum), restores the newest checkpoint, and scores
     each pair: ``method_score``, the method's own belief (its memory, as the trainer's
     noise diagnostics score it), and for a method that divides pairs the similarity the
-    run's best model gives the pair. ``clean_score``, which the ranks order, is that
-    similarity (``rank_by='model'``, the default: it found the mismatched pairs better,
-    see the module's note) or the method's belief (``'method'``); a noisy-label method
-    (UOT-RCL) ranks by its corrected labels either way.
+    run's best model gives the pair. ``clean_score``, which the ranks order, is (the
+    default, ``rank_by='trajectory'``) the pair's similarity averaged over the epochs up
+    to the best model's where the run recorded them (``ncljax.train.trajectory``; else as
+    ``'model'``, with a note where the run meant to record them), that similarity
+    (``'model'``) or the method's belief (``'method'``); see the module's note for why.
+    A noisy-label method (UOT-RCL) ranks by its corrected labels either way.
 
     Raises:
       NothingToAudit: the method scores no pair (a baseline).
@@ -470,15 +455,26 @@ def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:
     threshold, rule, what = described.threshold, described.rule, described.score
     if method.num_networks > 1 and method.clean_score_fn is not None:
         what += f", mean over the {method.num_networks} networks"
-    clean_score, model_notes, model_at = method_score, [], {}
-    by_model = rank_by == "model" and method.clean_score_fn is not None
+    clean_score, model_notes, model_at, model_score = method_score, [], {}, None
+    by_model = rank_by != "method" and method.clean_score_fn is not None
+    ranked_by = "method"
     if by_model:
         graphdef, model_like = _model_like(config, method, dataset)
-        parts, step, which, model_notes = _restore_model(workdir, model_like)
-        image_index = _paired_images(split, config.noise)
-        clean_score = _model_score(config, method, dataset, graphdef, parts, image_index)
-        what = f"{MODEL_SCORE}; method_score: {what}"
+        parts, step, which, model_notes, epoch = _restore_model(workdir, model_like)
+        clean_score = model_score = _model_score(config, method, dataset, graphdef, parts)
+        what, ranked_by = f"{MODEL_SCORE}; method_score: {what}", "model"
         model_at = {"model_step": step, "model_checkpoint": which}
+        if rank_by == "trajectory":
+            mean, why = trajectory.mean_until(workdir, epoch, clean_score.size)
+            if mean is not None:
+                clean_score, ranked_by = mean, "trajectory"
+                what = f"{TRAJECTORY_SCORE} (epochs 0-{epoch}); model_score: {what}"
+                model_at["trajectory_epochs"] = epoch + 1
+            elif config.train.get("pair_trajectory", False):
+                model_notes.append(
+                    f"the pairs' similarity over the epochs cannot be read ({why}): the "
+                    "ranking is the best model's similarity (--rank_by=model)"
+                )
     meta = restored.meta
     notes = list(restored.notes)
     if notes:
@@ -503,7 +499,8 @@ def pair_scores(workdir: str, rank_by: str = "model") -> PairScores:
         method=config.method,
         clean_score=clean_score,
         method_score=method_score,
-        ranked_by="model" if by_model else "method",
+        ranked_by=ranked_by,
+        model_score=model_score if ranked_by == "trajectory" else None,
         rank=rank_of(clean_score, None if labels is None else labels["confidence"]),
         threshold=threshold,
         score=what,
@@ -670,7 +667,9 @@ def with_raw_cosine(scores: PairScores, workdir: str, when: str = "auto") -> Pai
     if when == "auto" and not shares_space(config.data.folder):
         return scores
     split = sources.load_dataset(config.data).split("train")
-    return scores._replace(raw_cosine=raw_cosine(split, _paired_images(split, config.noise)))
+    return scores._replace(
+        raw_cosine=raw_cosine(split, pipeline.paired_images(split, config.noise))
+    )
 
 
 def read_mismatches(path: str, num_pairs: int) -> np.ndarray:
@@ -719,7 +718,9 @@ def compare(scores: PairScores, mismatched: np.ndarray) -> dict:
         return evaluate.noise_detection_metrics(score, ~mismatched)["noise_auc"]
 
     out = {"count": int(mismatched.sum()), "auc_method": auc(scores.clean_score)}
-    if scores.ranked_by == "model":
+    if scores.model_score is not None:
+        out["auc_model_score"] = auc(scores.model_score)
+    if scores.ranked_by != "method":
         out["auc_method_score"] = auc(scores.method_score)
     if scores.raw_cosine is not None:
         out["auc_raw_cosine"] = auc(scores.raw_cosine)
@@ -728,9 +729,10 @@ def compare(scores: PairScores, mismatched: np.ndarray) -> dict:
 
 def fields(scores: PairScores) -> tuple[str, ...]:
     """The columns of the exported rows."""
-    own = ("method_score",) if scores.ranked_by == "model" else ()
+    model = ("model_score",) if scores.model_score is not None else ()
+    own = ("method_score",) if scores.ranked_by != "method" else ()
     raw = ("raw_cosine",) if scores.raw_cosine is not None else ()
-    return PAIR_FIELDS + own + raw + (LABEL_FIELDS if scores.labels is not None else ())
+    return PAIR_FIELDS + model + own + raw + (LABEL_FIELDS if scores.labels is not None else ())
 
 
 def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
@@ -749,7 +751,9 @@ def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
             "caption": [scores.captions[k] for k in part] if scores.captions else empty,
             "step": [step] * part.size,
         }
-        if scores.ranked_by == "model":
+        if scores.model_score is not None:
+            columns["model_score"] = scores.model_score[part].tolist()
+        if scores.ranked_by != "method":
             columns["method_score"] = scores.method_score[part].tolist()
         if scores.raw_cosine is not None:
             columns["raw_cosine"] = scores.raw_cosine[part].tolist()
@@ -843,11 +847,13 @@ def plot(scores: PairScores, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.hist(scores.clean_score, bins=50, color="tab:blue", alpha=0.8)
-    if scores.ranked_by == "model":
+    if scores.ranked_by != "method":
+        what = "over the epochs" if scores.ranked_by == "trajectory" else ""
         ax.text(
             0.02,
             0.95,
-            "the model's similarity: no threshold (the method's applies to method_score)",
+            f"the model's similarity{what and ' ' + what}: no threshold (the method's "
+            "applies to method_score)",
             transform=ax.transAxes,
             fontsize="small",
             va="top",
@@ -884,7 +890,11 @@ def plot(scores: PairScores, path: str) -> None:
 
 
 def audit(
-    workdir: str, *, raw: str = "auto", mismatched: str | None = None, rank_by: str = "model"
+    workdir: str,
+    *,
+    raw: str = "auto",
+    mismatched: str | None = None,
+    rank_by: str = "trajectory",
 ) -> dict:
     """Writes ``workdir/audit/``: the verdict of the run on each training pair.
 
@@ -895,8 +905,8 @@ def audit(
       mismatched: a file of known mismatched pairs (:func:`read_mismatches`): the AUC of
         the ranking, of the method's own score and of the raw cosine against them go in
         ``audit.json`` (``known_mismatches``).
-      rank_by: what ``clean_score`` and the ranks are (:func:`pair_scores`): ``'model'``
-        or ``'method'``.
+      rank_by: what ``clean_score`` and the ranks are (:func:`pair_scores`):
+        ``'trajectory'``, ``'model'`` or ``'method'``.
 
     Returns ``summary`` of the scores with ``paths`` (the files written) and ``plot_error``
     (why ``scores.png`` was not written, or ``None``).
@@ -965,7 +975,7 @@ def _report(result: dict) -> str:
         f"{point['epochs_completed']}/{point['num_epochs']} epochs completed): "
         f"{result['num_pairs']} training pairs scored by {result['score']}."
     ]
-    where = " (method_score)" if result["ranked_by"] == "model" else ""
+    where = " (method_score)" if result["ranked_by"] != "method" else ""
     if result["threshold"] is not None:
         lines.append(
             f"{result['at_or_below_threshold']} at or below the method's threshold "
@@ -983,6 +993,8 @@ def _report(result: dict) -> str:
     if known is not None:
         line = f"Against the {known['count']} known mismatches: AUC {known['auc_method']:.3f}"
         parts = [f" by the ranking ({result['ranked_by']})"]
+        if "auc_model_score" in known:
+            parts.append(f"{known['auc_model_score']:.3f} by the best model alone")
         if "auc_method_score" in known:
             parts.append(f"{known['auc_method_score']:.3f} by the method's own score")
         if "auc_raw_cosine" in known:
@@ -1048,11 +1060,12 @@ if __name__ == "__main__":
     )
     flags.DEFINE_enum(
         "rank_by",
-        "model",
+        "trajectory",
         list(RANKINGS),
-        "What clean_score and the ranks are: model (the similarity the checkpoint's model "
-        "gives each pair; the method's own belief is the method_score column) or method "
-        "(the method's own belief, as before).",
+        "What clean_score and the ranks are: trajectory (each pair's similarity averaged "
+        "over the epochs up to the best model's, where the run recorded it, "
+        "train.pair_trajectory; else as model), model (the similarity the best model gives "
+        "each pair) or method (the method's own belief). The others are columns beside it.",
     )
     flags.mark_flag_as_required("workdir")
     app.run(main, flags_parser=cli.flags_parser("python -m ncljax.audit"))

@@ -19,7 +19,7 @@ import pytest
 from ncljax import audit, models
 from ncljax.data import noise, pipeline, sources
 from ncljax.methods import coteaching, ugncl
-from ncljax.train import ensemble, train_and_evaluate
+from ncljax.train import ensemble, train_and_evaluate, trajectory
 from tests.train.test_faults import _truncate
 from tests.train.test_loop import ROOT, load_config, read_metrics, tiny
 
@@ -101,7 +101,7 @@ def _best_model_similarity(workdir):
         evaluator, state = ensemble.load_run(workdir, mesh)
         enc = evaluator.encode(state, "train")
         full = np.asarray(enc.sim_fn(enc.params, enc.images, enc.texts), np.float64)
-    image_index = audit._paired_images(split, config.noise)
+    image_index = pipeline.paired_images(split, config.noise)
     return full[image_index, np.arange(split.num_captions)]
 
 
@@ -306,7 +306,7 @@ def test_paired_images_are_those_the_trainer_reads():
     pairs = pipeline.training_pairs(
         split, config.noise, num_classes=0, image_fields=image_fields, text_fields=text_fields
     )
-    image_index = audit._paired_images(split, config.noise)
+    image_index = pipeline.paired_images(split, config.noise)
     assert (image_index != np.arange(split.num_captions) // split.captions_per_image).any()
     for k in range(split.num_captions):
         record = pairs.record_fn(k)
@@ -377,9 +377,29 @@ def test_a_vectors_run_exports_its_ids_and_captions(lying_folder, tmp_path):
     config.train.num_devices, config.train.progress_bar = 1, False
     workdir = str(tmp_path / "run")
     train_and_evaluate(config, workdir)
-    audit.audit(workdir)
+    summary = audit.audit(workdir)
     rows = _read_csv(os.path.join(workdir, "audit", "pairs.csv"))
     assert len(rows) == mismatched.size
+    # The :vectors settings record each pair's similarity after every epoch, and the
+    # ranks follow its mean over the epochs up to the best model's; the best model's own
+    # similarity is the model_score column.
+    best_epoch = _results(workdir)["best_epoch"]
+    files = [np.load(trajectory.epoch_path(workdir, e)) for e in range(config.train.epochs)]
+    assert summary["ranked_by"] == "trajectory"
+    assert summary["checkpoint"]["trajectory_epochs"] == best_epoch + 1
+    want = np.mean(np.stack(files[: best_epoch + 1]).astype(np.float64), 0)
+    np.testing.assert_allclose(_scores_by_index(rows), want, rtol=1e-6, atol=1e-7)
+    best = _best_model_similarity(workdir)
+    np.testing.assert_allclose(_scores_by_index(rows, "model_score"), best, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(files[best_epoch], best, rtol=1e-5, atol=1e-6)
+    by_model = audit.pair_scores(workdir, rank_by="model")
+    assert by_model.ranked_by == "model" and by_model.model_score is None
+    np.testing.assert_allclose(by_model.clean_score, best, rtol=1e-5, atol=1e-6)
+    os.remove(trajectory.epoch_path(workdir, 0))  # a file lost: the model ranks, and says so
+    lost = audit.pair_scores(workdir)
+    assert lost.ranked_by == "model"
+    np.testing.assert_allclose(lost.clean_score, best, rtol=1e-5, atol=1e-6)
+    assert any("epoch_0000.npy is missing" in note for note in lost.notes)
     image_ids, captions = vectors.display_texts(folder, "train")
     cpi = mismatched.size // len(image_ids)
     for row in rows:

@@ -78,6 +78,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Every epoch may be selected as best on validation, warm-up included, and no method
     # restarts the selection (the user path); False: each method's protocol (EpochPlan).
     c.train.select_every_epoch = False
+    # After each epoch's validation, write each training pair's similarity under the
+    # epoch's model (ncljax.train.trajectory); the audit ranks by its mean up to the best
+    # epoch. One pass over the training pairs per epoch; on in the :vectors settings.
+    c.train.pair_trajectory = False
 
     c.eval = ml_collections.ConfigDict()
     c.eval.kind = "recall"  # 'recall' (Recall@K, rSum) or 'map' (mAP@all)

@@ -108,6 +108,7 @@ def _vectors_pairs(config) -> None:
     config.optim.learning_rate = 5e-4
     config.train.batch_size, config.train.epochs = 128, 20
     config.train.select_every_epoch = True  # a warm-up model is a model a user can use
+    config.train.pair_trajectory = True  # the audit ranks by the model's history
 
 
 def _vectors_labels(config) -> None:

@@ -527,6 +527,29 @@ def _label_noise(split, noise_cfg, num_classes: int) -> noise.LabelNoise:
     return noise.LabelNoise(labels_image, labels_text, clean_image, clean_text)
 
 
+def paired_images(split, noise_cfg) -> np.ndarray:
+    """The image each training caption of ``split`` is paired with under ``noise_cfg``: int64
+    ``[num_captions]``, the pairs :func:`training_pairs` gives (with correspondence noise,
+    the moved ones)."""
+    n, cpi = split.num_captions, split.captions_per_image
+    if noise_cfg.kind == "file":
+        made = noise.load_correspondence_noise_file(
+            noise_cfg.file.path, n, cpi, expected=noise_cfg.file.layout
+        )
+        return made.image_index
+    if noise_cfg.kind in ("per_caption", "per_image"):
+        made = noise.correspondence_noise(
+            n,
+            cpi,
+            rate=noise_cfg.rate,
+            seed=noise_cfg.seed,
+            protocol=noise_cfg.kind,
+            exact=noise_cfg.pairs.exact,
+        )
+        return made.image_index
+    return np.arange(n) // cpi  # no correspondence noise: the pairs as the dataset gives them
+
+
 def training_pairs(
     split: sources.SplitSource,
     noise_cfg,

@@ -414,8 +414,28 @@ class Evaluator:
             out.append(np.asarray(blocks_lib.to_host(sim), np.float64)[: rows.size])
         return np.concatenate(out) if out else np.zeros(0, np.float64)
 
+    def training_pair_similarity(self, state: TrainState) -> np.ndarray:
+        """:meth:`pair_similarity` of every training pair as the run trains it (caption
+        ``k`` with the image ``pipeline.paired_images`` gives it): float64 ``[N]``. A
+        feature-vector model's encoders are small, so its pairs are encoded in batches of
+        about ``PAIR_BATCH`` (a multiple of the evaluation batch, which the mesh divides):
+        the per-batch cost is paid once per ~4,096 pairs (1,000,000 pairs of a 256-64-32
+        MLP: 3.4 s against 9.1 s at 256)."""
+        config = self._config
+        split = self._dataset.split("train")
+        batch_size = None
+        if models.input_fields(config.model) == (("global_image",), ("global_text",)):
+            eval_batch = config.eval.batch_size
+            batch_size = eval_batch * -(-PAIR_BATCH // eval_batch)
+        image_index = pipeline.paired_images(split, config.noise)
+        return self.pair_similarity(state, "train", image_index, batch_size=batch_size)
+
     def __call__(self, state: TrainState, split_name: str) -> dict[str, float]:
         return score([self.encode(state, split_name)], self._config, self._mesh, split_name)
+
+
+# Pairs encoded at a time by :meth:`Evaluator.training_pair_similarity` for feature vectors.
+PAIR_BATCH = 4096
 
 
 class Encoded(NamedTuple):

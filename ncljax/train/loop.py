@@ -32,7 +32,7 @@ from ncljax import backend, cluster, methods, models, optim
 from ncljax.config import validation
 from ncljax.data import fingerprint, pipeline, sources
 from ncljax.methods.base import WARMUP, InitContext
-from ncljax.train import checkpoint, passes, rundir, writers
+from ncljax.train import checkpoint, passes, rundir, trajectory, writers
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -256,6 +256,8 @@ def _train(run, graphdef, initial: list, evaluator, mesh, workdir, callbacks):
             saved_sets = None
             _check_finite(state, run.checkpointer)
             val = _validate(run, state, evaluator, workdir, epoch, epoch_passes, kind)
+            if config.train.pair_trajectory:  # before the checkpoint: see trajectory.py
+                trajectory.record(workdir, epoch, evaluator.training_pair_similarity(state))
             validated.clear()
             validated[int(state.step)] = val
             progress = _select(run, state, progress, plan, val[kind.selection], kind.selection)

@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from ncljax.config import fields, files
-from ncljax.train import checkpoint, loop, rundir, train_and_evaluate
+from ncljax.train import checkpoint, loop, rundir, train_and_evaluate, trajectory
 from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, tiny
 
 # The tiny config: 64 images x 5 captions = 320 training pairs, 10 steps of 32 per epoch.
@@ -249,9 +249,12 @@ def test_kill_between_best_and_latest_save_keeps_the_runs_own_best(tmp_path, mon
     """Killed after epoch 1's best save, before its latest save; resumed with another lr.
 
     The best model must come from the resumed run's own history, as in a run that was
-    killed cleanly after epoch 0 and resumed with that lr.
+    killed cleanly after epoch 0 and resumed with that lr; and so must each pair's
+    similarity of epoch 1 (``train.pair_trajectory``), written before the kill with the
+    old lr and again after it.
     """
     config = _config(epochs=2)
+    config.train.pair_trajectory = True
     with pytest.raises(Crash):
         train_and_evaluate(config, str(tmp_path / "reference"), callbacks=[_crash_at(0)])
 
@@ -270,9 +273,18 @@ def test_kill_between_best_and_latest_save_keeps_the_runs_own_best(tmp_path, mon
     assert os.listdir(tmp_path / "killed" / "checkpoints" / "latest") == ["10"]
 
     config.optim.learning_rate *= 20  # a resumable field: the epoch-1 model differs
+    killed_epoch_1 = np.load(trajectory.epoch_path(str(tmp_path / "killed"), 1))
     want = train_and_evaluate(config, str(tmp_path / "reference"))
     got = train_and_evaluate(config, str(tmp_path / "killed"))
     assert got == pytest.approx(want, abs=1e-9)
+    for epoch in (0, 1):
+        np.testing.assert_array_equal(
+            np.load(trajectory.epoch_path(str(tmp_path / "killed"), epoch)),
+            np.load(trajectory.epoch_path(str(tmp_path / "reference"), epoch)),
+        )
+    assert not np.array_equal(
+        killed_epoch_1, np.load(trajectory.epoch_path(str(tmp_path / "killed"), 1))
+    )
 
 
 def test_mid_pass_resume_logs_the_rows_of_the_uninterrupted_run(tmp_path, monkeypatch):
