@@ -34,6 +34,9 @@ RESUMABLE = (
     "train.log_every_steps",
     "train.checkpoint_every_steps",
     "train.progress_bar",
+    # the per-epoch similarity files only (a run that gains them mid-way is audited by its
+    # best model, with a note: its first epochs have none)
+    "train.pair_trajectory",
     "data.num_threads",
     "data.prefetch",
     "data.length_buckets",

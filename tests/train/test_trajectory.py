@@ -61,3 +61,17 @@ def test_an_epoch_that_cannot_be_used_gives_no_mean_and_why(tmp_path, damage, re
     assert got is None and reason in why and "epoch_0001" in why
     assert trajectory.mean_until(str(tmp_path), 0, 6)[0] is not None  # before it: fine
     assert trajectory.mean_until(str(tmp_path), -1, 6) == (None, "no epoch has finished")
+
+
+def test_a_run_started_without_the_files_resumes_with_them(tmp_path, capsys):
+    """``train.pair_trajectory`` changes no training: a run whose config.json predates it
+    (or had it off) resumes with it on, and says so."""
+    import ml_collections
+
+    from ncljax.train import rundir
+
+    config = ml_collections.ConfigDict({"train": {"epochs": 2}, "seed": 0})
+    rundir.write_config(str(tmp_path), config, {})
+    config.train.pair_trajectory = True
+    rundir.write_config(str(tmp_path), config, {})
+    assert "Resuming with changed train.pair_trajectory=True" in capsys.readouterr().out
