@@ -142,6 +142,7 @@ TRAIN = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("name", "dataset"), TRAIN)
 def test_config_trains_on_its_datasets(tmp_path, name, dataset):
     _write_fixture(tmp_path, dataset)

@@ -226,6 +226,7 @@ def _cli(*args):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
+@pytest.mark.heavy
 def test_a_tiny_sweep_writes_the_table_and_plot_and_a_rerun_skips_every_run(tmp_path):
     out = str(tmp_path / "r")
     args = [f"--out={out}", "--methods=vse,infonce", "--worlds=small_global", "--rates=0,0.4"]

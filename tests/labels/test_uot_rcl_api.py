@@ -28,6 +28,7 @@ def data():
     return z_image, z_text, logits_image, logits_text, observed
 
 
+@pytest.mark.heavy
 def test_correct_labels_is_the_six_steps_in_order(data):
     z_image, z_text, logits_image, logits_text, observed = data
     marginal = jnp.full(4, 0.25)

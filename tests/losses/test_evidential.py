@@ -595,6 +595,7 @@ def test_one_device_equals_eight(devices):
     np.testing.assert_allclose(np.asarray(sharded[0])[where].mean(), total, rtol=RTOL)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("kl_weight", [0.0, 0.1])
 def test_the_columns_as_queries_equal_the_transposed_rows(kl_weight):
     """``axis=0``: each column of a ``[K, Q]`` matrix is a query, with its values and

@@ -726,6 +726,7 @@ BLOCKED = {  # each with padding or without
 }
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", list(BLOCKED))
 def test_blocks_of_rows_give_the_whole_batch_objective_and_gradient(name):
     rng = np.random.default_rng(3)

@@ -46,6 +46,8 @@ from ncljax.train import step as step_lib
 from tests.methods.conftest import N
 from tests.methods.steps import train_steps
 
+pytestmark = pytest.mark.heavy  # out of the default run; CI runs it (see pyproject.toml)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 METHODS = methods.of_family("pairs")  # every correspondence method trains on SGR and SAF
 HEADS = ("sgr", "saf")

@@ -221,6 +221,7 @@ def global_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "backbone",
     [

@@ -632,6 +632,7 @@ def _two_networks(method, cfg, info, tx):
     return graphdef, state._replace(memory=base.Memory(samples, state.memory.state))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("bank_mode", ["paper", "code"])
 def test_the_pseudo_caption_update_starts_from_the_clean_updates_parameters(pairs, bank_mode):
     """Against a hand-made sequence of SGD steps on network 0 (the cosine head over global

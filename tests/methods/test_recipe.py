@@ -114,6 +114,7 @@ def test_the_tools_know_the_new_method(registered):
         methods.build_method("trimmed", {"drop": 1.5})
 
 
+@pytest.mark.heavy
 def test_the_new_method_trains_and_is_audited(registered, tmp_path):
     config = config_lib.load_file(registered, "synthetic,quick")
     workdir = str(tmp_path / "run")

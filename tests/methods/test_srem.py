@@ -159,6 +159,7 @@ def _train(info, batches, *, num_devices, head, block_rows=0):
     return train_steps(method, cfg, info, batches, num_devices=num_devices, num_samples=N)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "head, block_rows",
     [("cosine", 0), ("cosine", 8), pytest.param("sgr", 0, marks=pytest.mark.slow)],
@@ -186,6 +187,7 @@ def srem_config(arg="synthetic,quick"):
     return config
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "backbone",
     [

@@ -91,6 +91,7 @@ def test_epoch_cadence_loss_reads_the_stored_division(phase):
     np.testing.assert_allclose(loss, want, rtol=1e-6)
 
 
+@pytest.mark.heavy
 def test_online_cadence_divides_each_batch_from_its_own_forward():
     method = methods.build_method("ugncl", {"division_cadence": "online", "calibration": "paper"})
     assert method.stats_fn is None
@@ -218,6 +219,7 @@ def _train(info, batches, *, num_devices, views=2):
     return train_steps(method, cfg, info, batches, num_devices=num_devices, num_samples=N)
 
 
+@pytest.mark.heavy
 def test_one_device_equals_eight(data, devices):
     info, batches = data
     batches = batches[:1]
@@ -240,6 +242,7 @@ def ugncl_config(arg="synthetic,quick"):
     return config
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "backbone",
     [

@@ -261,6 +261,7 @@ def test_refresh_fills_targets_labels_anchors_and_diagnostics(labelled):
     np.testing.assert_array_equal(selected, q.sum(1) > 0.5)
 
 
+@pytest.mark.heavy
 def test_regions_and_tokens_keep_the_confident_sets_own_inputs():
     """On region/token inputs the confident set keeps its pairs' regions, tokens and lengths
     (fetched by index), and the main-phase forward encodes exactly those pairs."""
@@ -304,6 +305,7 @@ def test_regions_and_tokens_keep_the_confident_sets_own_inputs():
     np.testing.assert_allclose(outputs["anchor_z_text"], model.encode_text(text)["emb"])
 
 
+@pytest.mark.heavy
 def test_trains_on_regions_and_tokens(tmp_path):
     """The cosine head over region/token inputs: a warm-up epoch, then a refresh and a
     corrected epoch whose steps encode the confident set's regions and tokens."""
@@ -407,6 +409,7 @@ def _train_setup(info, method, memory, *, num_devices, n=40):
     return mesh, state, jax.jit(fn, static_argnums=2)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("anchors", ["current", "snapshot"])
 def test_train_step_one_device_equals_eight(labelled, devices, anchors):
     info, pairs, batches = labelled
@@ -483,6 +486,7 @@ def quick_run(tmp_path_factory):
     return train_and_evaluate(config, str(workdir)), workdir
 
 
+@pytest.mark.heavy
 def test_quick_run_corrects_labels_and_logs_diagnostics(quick_run):
     results, workdir = quick_run
     rows = _read(str(workdir))
@@ -532,6 +536,7 @@ def test_uot_rcl_beats_ce_under_symmetric_label_noise(tmp_path, rate, margin, co
         assert uot[f"last_{key}"] > ce[f"last_{key}"] + 0.04, (key, uot, ce)
 
 
+@pytest.mark.heavy
 def test_notebook_runs_on_the_quick_run(quick_run):
     """``notebooks/uot_rcl_label_correction.py`` top to bottom: figures and tables."""
     _, workdir = quick_run

@@ -313,6 +313,7 @@ def test_intra_modal_epsilons_in_float64():
     assert np.abs(tt - tt_no_eps).max() > 10 * F64_TOL
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("kind", KINDS)
 def test_cross_gradient_matches_finite_differences_float64(kind):
     head = make_head(kind, seed=15)
@@ -449,6 +450,7 @@ def test_sgraf_model_end_to_end_matches_oracle(kind):
     np.testing.assert_allclose(call(model, "similarity", image, text), logits, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.heavy
 def test_sgraf_model_train_gradients_through_pure_dicts():
     # GSC's use: cross, image-image and text-text passes in one loss (SGR; SAF's gradients
     # are checked in the head tests above). Default initialisation (zero biases), as the
@@ -742,6 +744,7 @@ def _bf16_setup(dtype):
     return randomize(model, 61)
 
 
+@pytest.mark.heavy
 def test_bfloat16_compute_dtype_stays_close_to_float32():
     """bfloat16 operands (8-bit mantissa, float32 accumulation): the SGR similarities
     within 2e-2 of float32 and the hardest-negative triplet loss within 3% of it."""

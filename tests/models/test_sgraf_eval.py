@@ -45,6 +45,7 @@ def _brute_force(sims):
     return evaluate.rank_metrics(i2t, t2i)
 
 
+@pytest.mark.heavy
 def test_sgr_similarity_matrix_is_the_pairwise_head(encoded):
     graphdef, state, images, texts, full = encoded
     model = nnx.merge(graphdef, *state)

@@ -121,6 +121,7 @@ def test_one_view_is_the_model_without_views(make):
     jax.tree.map(np.testing.assert_array_equal, shared, nnx.to_pure_dict(nnx.state(one)))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("kind", ["sgr", pytest.param("saf", marks=pytest.mark.slow)])
 def test_sgraf_views_are_the_head_on_each_projection(kind):
     batch = make_batch()

@@ -7,10 +7,13 @@ import re
 import shutil
 
 import numpy as np
+import pytest
 
 from ncljax import config as config_lib
 from ncljax.train import train_and_evaluate
 from tests.notebooks import runner
+
+pytestmark = pytest.mark.heavy  # out of the default run; CI runs it (see pyproject.toml)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "srem_self_reinforcing_errors.py")

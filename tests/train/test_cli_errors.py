@@ -143,6 +143,7 @@ CASES = {
 }
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", list(CASES))
 def test_ensemble_errors_are_one_line(finished, tmp_path, case):
     damage, extra, message = CASES[case]
@@ -195,6 +196,7 @@ BROKEN_CONFIGS = {
 }
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", list(BROKEN_CONFIGS))
 def test_a_config_file_that_cannot_be_loaded_is_one_line(tmp_path, case):
     # A traceback of 35-52 lines ending in the error, or "Unknown config field in []".
@@ -256,6 +258,7 @@ def test_flag_errors_are_one_line(args, says):
     assert code != 0 and line.startswith(says), line
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("module", "args", "says"),
     [  # absl's two lines, or its usage error: the whole help (46-103 lines)

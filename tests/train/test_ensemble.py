@@ -78,6 +78,7 @@ def test_ensemble_refuses_runs_on_different_data(tmp_path):
         ensemble.evaluate_ensemble([str(tmp_path / "a"), str(tmp_path / "b")])
 
 
+@pytest.mark.heavy
 def test_a_uot_rcl_run_loads_for_retrieval_and_ensembles(tmp_path):
     # load_run builds a one-pair memory: UOT-RCL's reads observed labels (it raised
     # TypeError on None), so no UOT-RCL run could be retrieved or ensembled.

@@ -188,6 +188,7 @@ def _two_network_evaluator(mesh, head):
     return evaluator_lib.Evaluator.of_method(graphdef, dataset, config, mesh, method), state
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("num_devices, head", [(1, "cosine"), (8, "cosine"), (1, "sgr")])
 def test_pair_similarity_is_the_evaluation_similarity_at_each_pair(num_devices, head, devices):
     mesh = mesh_lib.make_mesh(num_devices)

@@ -51,6 +51,7 @@ def test_per_epoch_refresh_flags_cover_their_whole_epoch():
     assert math.isnan(fallback_share(rows, []))  # no main phase: undefined
 
 
+@pytest.mark.heavy
 def test_results_report_the_fallback_share_of_a_run(tmp_path):
     config = tiny(load_config("srem", "synthetic,quick"), epochs=2)
     with config.unlocked():
@@ -65,6 +66,7 @@ def test_results_report_the_fallback_share_of_a_run(tmp_path):
     assert main and all("division_fallback" in r for r in main)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("every_epoch", [True])
 def test_selection_among_every_epoch_includes_the_warm_up(tmp_path, every_epoch):
     """``train.select_every_epoch``: the best epoch is the argmax of the validation rSum

@@ -22,6 +22,8 @@ from ncljax.config import fields, files
 from ncljax.train import checkpoint, loop, rundir, train_and_evaluate, trajectory
 from tests.train.test_loop import ROOT, chance_rsum, load_config, read_metrics, tiny
 
+pytestmark = pytest.mark.heavy  # out of the default run; CI runs it (see pyproject.toml)
+
 # The tiny config: 64 images x 5 captions = 320 training pairs, 10 steps of 32 per epoch.
 
 

@@ -52,6 +52,7 @@ def chance_rsum(num_images: int, cpi: int) -> float:
     return total
 
 
+@pytest.mark.heavy
 def test_quickstart_quick_learns(tmp_path):
     config = load_config("quickstart", "quick")
     config.train.progress_bar = False
@@ -122,6 +123,7 @@ def test_dual_network_baseline_trains(tmp_path):
     assert dual["rsum"] > 2 * chance_rsum(config.data.num_test, 5)
 
 
+@pytest.mark.heavy
 def test_ce_learns_categories(tmp_path):
     config = load_config("ce", "synthetic,quick")
     config.noise.kind = "none"
@@ -393,6 +395,7 @@ def refreshing_run(tmp_path_factory):
     return config, results, workdir
 
 
+@pytest.mark.heavy
 def test_refresh_runs_stats_pass_per_network_with_phases(refreshing_run):
     _, _, workdir = refreshing_run
     rows = read_metrics(workdir)
@@ -425,6 +428,7 @@ def test_rerunning_a_finished_run_reevaluates_without_duplicate_rows(tmp_path):
     assert read_metrics(tmp_path) == rows
 
 
+@pytest.mark.heavy
 def test_crashes_leave_no_duplicate_or_stale_rows(refreshing_run, tmp_path, monkeypatch):
     """A crash before the first checkpoint, and one inside an epoch that began with a refresh."""
     monkeypatch.setitem(methods.REGISTRY, "refreshing", _refreshing_method)

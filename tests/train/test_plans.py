@@ -291,6 +291,7 @@ def test_a_network_with_an_all_padding_batch_does_not_move(setup):
     assert int(after.step) == 1 and float(metrics["loss"][1]) == 0.0
 
 
+@pytest.mark.heavy
 def test_padding_reaches_no_loss_memory_row_or_batchnorm_statistic(setup):
     """Two sequential updates on a padded main batch (5 real pairs of 8) and aux batch (6 of
     8) move the parameters, BatchNorm statistics, optimiser state and memory exactly as the
@@ -447,6 +448,7 @@ def turns_run(tmp_path_factory):
     return config, results, workdir
 
 
+@pytest.mark.heavy
 def test_in_turn_epochs_log_lengths_rates_and_never_select_warmup(turns_run):
     config, results, workdir = turns_run
     rows = read_metrics(workdir)
@@ -467,6 +469,7 @@ def test_in_turn_epochs_log_lengths_rates_and_never_select_warmup(turns_run):
     assert all("loss_update1" in r for r in train if r["epoch"] > 0)
 
 
+@pytest.mark.heavy
 def test_resume_mid_pass_gives_the_uninterrupted_run(turns_run, tmp_path, monkeypatch):
     monkeypatch.setitem(methods.REGISTRY, "turns", _turns)
     config, straight, workdir = turns_run

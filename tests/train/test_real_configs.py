@@ -11,6 +11,8 @@ from ncljax.train import train_and_evaluate
 from tests.data.test_labelled import write_mrl
 from tests.data.test_precomp import TRAINABLE_SIZES, write_release
 
+pytestmark = pytest.mark.heavy  # out of the default run; CI runs it (see pyproject.toml)
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
