@@ -587,16 +587,19 @@ def separation_note(held_out: dict[str, Any] | None, method: str = "") -> str | 
     return doubtful_separation_note(held_out, method)
 
 
+# What both notes tell a method of WEAKER_THAN_GSC.
+_USE_GSC = (
+    "GSC's model ranked such pairs better on the report's worlds: audit a run of "
+    "configs/gsc.py:vectors on such data"
+)
+
+
 def doubtful_separation_note(held_out: dict[str, Any], method: str = "") -> str:
     """What a held-out separation just above the weak bar means for the ranking; for a
     method of ``WEAKER_THAN_GSC``, that GSC's verdict read higher on such data."""
     check = "Check a sample of the lowest-ranked pairs by eye"
     if method in WEAKER_THAN_GSC:
-        check = (
-            "GSC's model ranked such pairs better on the report's worlds: audit a run of "
-            "configs/gsc.py:vectors on such data, or check a sample of the lowest-ranked "
-            "pairs by eye"
-        )
+        check = f"{_USE_GSC}, or check a sample of the lowest-ranked pairs by eye"
     return (
         f"on its validation split the model told a caption's own image from the others at "
         f"AUC {held_out['pair_auc']:.2f} (pair_auc, step {held_out['step']}; below "
@@ -609,12 +612,7 @@ def doubtful_separation_note(held_out: dict[str, Any], method: str = "") -> str:
 def weak_separation_note(held_out: dict[str, Any], method: str = "") -> str:
     """What a weak held-out separation means for the ranking (a note of the audit); for a
     method of ``WEAKER_THAN_GSC``, that GSC's verdict read higher on such data."""
-    instead = ""
-    if method in WEAKER_THAN_GSC:
-        instead = (
-            ". GSC's model ranked such pairs better on the report's worlds: audit a run of "
-            "configs/gsc.py:vectors on such data"
-        )
+    instead = f". {_USE_GSC}" if method in WEAKER_THAN_GSC else ""
     return (
         f"on its validation split the model told a caption's own image from the others at "
         f"AUC {held_out['pair_auc']:.2f} (pair_auc, step {held_out['step']}; below "
