@@ -22,6 +22,10 @@ def set_cpu_devices(argv) -> int:
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
         )
+        # Two pool threads per device: with one, programs dispatched far ahead can take the
+        # threads a running collective still needs, and XLA aborts (tests/conftest.py).
+        if int(os.environ.get("PJRT_NPROC", "0") or 0) < 2 * n:
+            os.environ["PJRT_NPROC"] = str(2 * n)
     return n
 
 

@@ -55,20 +55,31 @@ def _fast_compile() -> str:
 # Must be set before jax is imported anywhere in the test session (this file is the first
 # conftest pytest loads). The controller decides; the xdist workers inherit its environment,
 # hence the same flags and compilation cache.
-# The 8 fake devices' collectives run as 8 rendezvousing threads; with two xdist workers on
-# 2 cores one participant can be descheduled long enough that XLA's default terminate
-# timeout aborted a worker once ("may be stuck", then "Fatal Python error: Aborted").
-# A longer timeout lets a starved participant arrive; a true deadlock still ends.
+# XLA's CPU client runs each device's part of a multi-device program on one pool of
+# max(cores, devices) threads, 8 here. A part whose device already has 32 programs in
+# flight blocks its pool thread (a semaphore) instead of giving it back. So once Python has
+# dispatched more than 32 programs ahead, the next program's parts can hold the threads that
+# the running program's collective still needs for its last participants: a deadlock,
+# ended by XLA's terminate timeout ("may be stuck", then "Fatal Python error: Aborted").
+# Which test it hits depends on timing (CI lost a worker in tests/test_evaluate.py, and
+# the heavy tier's two workers twice in an NCR run). PJRT_NPROC sizes that pool: with two
+# threads per device the blocked parts of one program leave the running one a thread per
+# participant (tests/test_fake_devices.py: 400 steps dispatched ahead deadlock at 8
+# threads, every time, and finish at 16). The terminate timeout is kept above XLA's 40 s
+# default so that a participant merely starved on the 2 shared cores is waited for.
+N_FAKE_DEVICES = 8
 if "NCLJAX_TEST_XLA_FLAGS" not in os.environ:
     os.environ["NCLJAX_TEST_XLA_FLAGS"] = " ".join(
         [
             os.environ.get("XLA_FLAGS", ""),
             _fast_compile(),
-            "--xla_force_host_platform_device_count=8",
-            "--xla_cpu_collective_call_terminate_timeout_seconds=300",
-            "--xla_cpu_collective_timeout_seconds=300",
+            f"--xla_force_host_platform_device_count={N_FAKE_DEVICES}",
+            "--xla_cpu_collective_call_terminate_timeout_seconds=120",
+            "--xla_cpu_collective_timeout_seconds=120",
         ]
     ).strip()
+if int(os.environ.get("PJRT_NPROC", "0") or 0) < 2 * N_FAKE_DEVICES:
+    os.environ["PJRT_NPROC"] = str(2 * N_FAKE_DEVICES)
 os.environ["XLA_FLAGS"] = os.environ["NCLJAX_TEST_XLA_FLAGS"]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
@@ -24,9 +27,47 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
             "use 0 for all of them."
         )
     devices = devices[: num_devices or len(devices)]
+    _warn_if_cpu_pool_too_small(devices)
     return jax.make_mesh(
         (len(devices),), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices
     )
+
+
+def cpu_pool_threads(num_devices: int) -> int:
+    """Threads of XLA's CPU client pool for ``num_devices`` CPU devices: ``PJRT_NPROC``,
+    else ``NPROC``, else this process's cores, and never fewer than the devices."""
+    for name in ("PJRT_NPROC", "NPROC"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return max(int(value), num_devices)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(cores or 1, num_devices)
+
+
+def _warn_if_cpu_pool_too_small(devices) -> None:
+    """Warns when several CPU devices (``--xla_force_host_platform_device_count``) share a
+    pool with fewer than two threads each.
+
+    XLA's CPU client runs each device's part of a multi-device program on one pool. A part
+    whose device already holds its 32 programs in flight waits for a slot on its pool
+    thread, so with one thread per device the parts of programs dispatched ahead can take
+    every thread the running program's collective still needs: the process deadlocks, and
+    XLA aborts it after its terminate timeout. Two threads per device leave the running
+    program a thread for each participant.
+    """
+    n = len(devices)
+    if n < 2 or devices[0].platform != "cpu":
+        return
+    threads = cpu_pool_threads(n)
+    if threads < 2 * n:
+        logging.warning(
+            "%d CPU devices share XLA's pool of %d threads; programs dispatched ahead can "
+            "deadlock their collectives (XLA then aborts the process). Set PJRT_NPROC=%d "
+            "(two threads per device) before starting Python, or train on one CPU device.",
+            n,
+            threads,
+            2 * n,
+        )
 
 
 def evaluation_mesh(config) -> jax.sharding.Mesh:
