@@ -24,7 +24,11 @@ def set_cpu_devices(argv) -> int:
         )
         # Two pool threads per device: with one, programs dispatched far ahead can take the
         # threads a running collective still needs, and XLA aborts (tests/conftest.py).
-        if int(os.environ.get("PJRT_NPROC", "0") or 0) < 2 * n:
+        try:
+            threads = int(os.environ.get("PJRT_NPROC", ""))
+        except ValueError:
+            threads = 0
+        if threads < 2 * n:
             os.environ["PJRT_NPROC"] = str(2 * n)
     return n
 

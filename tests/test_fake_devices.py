@@ -44,7 +44,8 @@ print(float(x[0, 0]))
 
 def test_programs_dispatched_far_ahead_on_eight_devices_do_not_deadlock(devices):
     # The session's environment (8 devices, PJRT_NPROC), with a short terminate timeout so
-    # that a deadlock aborts the child in seconds.
+    # that a deadlock aborts the child in about 30-50 s rather than minutes. On a machine
+    # with 16 cores or more the pool is large enough without PJRT_NPROC.
     flags = os.environ["XLA_FLAGS"] + " --xla_cpu_collective_call_terminate_timeout_seconds=30"
     env = dict(os.environ, XLA_FLAGS=flags)
     child = subprocess.run(
@@ -81,8 +82,14 @@ def test_cpu_pool_threads(monkeypatch):
     monkeypatch.setenv("NPROC", "3")
     assert cpu_pool_threads(8) == 12
     assert cpu_pool_threads(16) == 16  # never fewer threads than devices
-    monkeypatch.setenv("PJRT_NPROC", "")
-    assert cpu_pool_threads(2) == 3  # NPROC next
+    monkeypatch.setenv("PJRT_NPROC", " 20\n")  # read as XLA reads it
+    assert cpu_pool_threads(8) == 20
+    monkeypatch.setenv("PJRT_NPROC", "0")  # the first that reads as a number decides
+    assert cpu_pool_threads(8) == 8
+    monkeypatch.setenv("PJRT_NPROC", "many")  # not a number: NPROC next
+    assert cpu_pool_threads(2) == 3
+    monkeypatch.setenv("PJRT_NPROC", "\u00b2")  # a digit that is no integer
+    assert cpu_pool_threads(2) == 3
     monkeypatch.delenv("PJRT_NPROC")
     monkeypatch.delenv("NPROC")
     cores = len(os.sched_getaffinity(0))

@@ -34,12 +34,15 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
 
 
 def cpu_pool_threads(num_devices: int) -> int:
-    """Threads of XLA's CPU client pool for ``num_devices`` CPU devices: ``PJRT_NPROC``,
-    else ``NPROC``, else this process's cores, and never fewer than the devices."""
+    """Threads of XLA's CPU client pool for ``num_devices`` CPU devices, as XLA sizes it:
+    the first of ``PJRT_NPROC`` and ``NPROC`` that reads as an integer (below 0 read as 0),
+    else this process's cores; never fewer than the devices."""
     for name in ("PJRT_NPROC", "NPROC"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return max(int(value), num_devices)
+        try:
+            threads = max(0, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+        return max(threads, num_devices)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(cores or 1, num_devices)
 
@@ -49,11 +52,12 @@ def _warn_if_cpu_pool_too_small(devices) -> None:
     pool with fewer than two threads each.
 
     XLA's CPU client runs each device's part of a multi-device program on one pool. A part
-    whose device already holds its 32 programs in flight waits for a slot on its pool
-    thread, so with one thread per device the parts of programs dispatched ahead can take
-    every thread the running program's collective still needs: the process deadlocks, and
-    XLA aborts it after its terminate timeout. Two threads per device leave the running
-    program a thread for each participant.
+    whose device already has 32 programs in flight waits for one of them to finish while
+    it holds its pool thread, so with one thread per device the parts of programs
+    dispatched ahead can hold every thread that the running program's collective still
+    needs: the process deadlocks, and XLA aborts it after its terminate timeout. Two
+    threads per device leave the running program a thread for each participant, where one
+    Python thread dispatches.
     """
     n = len(devices)
     if n < 2 or devices[0].platform != "cpu":
@@ -63,7 +67,7 @@ def _warn_if_cpu_pool_too_small(devices) -> None:
         logging.warning(
             "%d CPU devices share XLA's pool of %d threads; programs dispatched ahead can "
             "deadlock their collectives (XLA then aborts the process). Set PJRT_NPROC=%d "
-            "(two threads per device) before starting Python, or train on one CPU device.",
+            "(two threads per device) before starting Python, or use one CPU device.",
             n,
             threads,
             2 * n,
