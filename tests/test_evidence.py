@@ -470,6 +470,124 @@ def test_edl_squared_error_gradient_matches_finite_differences(masked, axis):
     assert np.abs(want).max() > 1e-3  # the check reads a gradient that is not 0
 
 
+DIAGONAL = jit(lambda log_e, y, where: evidence.diagonal_edl_squared_error(log_e, y, where=where))
+
+
+def _diagonal_case(seed, scale):
+    """``[7, 7]`` log-evidence from raw scores of spread ``scale`` (the pairs' own higher),
+    and targets 1, 0 and in between."""
+    rng = np.random.default_rng(seed)
+    raw = rng.normal(-1.0, scale, (7, 7)) + np.diag(np.full(7, scale))
+    log_e = np.asarray(ev.log_evidence(raw.astype(np.float32)))
+    y = rng.uniform(0.05, 0.95, 7).astype(np.float32)
+    y[[0, 4]] = 1.0, 0.0
+    return log_e, y
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("scale", [0.5, 2.0, 8.0])
+def test_diagonal_edl_squared_error_matches_the_oracle(masked, scale):
+    """Each row and each column against Eq. 12 in float64, the query's target on its own
+    class; at ``scale`` 8 the evidence reaches ``e^80`` and a query's own share ``1 - 1e-30``."""
+    log_e, y = _diagonal_case(40 + int(scale), scale)
+    where = WHERE if masked else ALL
+    rows, columns = DIAGONAL(log_e, y, where)
+    alpha = np.exp(log_e.astype(np.float64)) + 1.0
+    target = np.diag(y.astype(np.float64))
+    real = where if masked else ALL
+    np.testing.assert_allclose(
+        np.asarray(rows)[real], np_edl_squared(alpha, target, where)[real], rtol=RTOL, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        np.asarray(columns)[real],
+        np_edl_squared(alpha.T, target, where)[real],
+        rtol=RTOL,
+        atol=1e-7,
+    )
+    assert np.isfinite(rows).all() and np.isfinite(columns).all()  # padding queries too
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_diagonal_edl_squared_error_gradient_matches_finite_differences(masked):
+    """The custom gradient in the log-evidence, against central differences of the float64
+    oracle's rows and columns, each weighted; padding queries weigh 0, padding classes get
+    no gradient."""
+    log_e, y = _diagonal_case(47, 1.0)
+    where = WHERE if masked else ALL
+    rng = np.random.default_rng(48)
+    w_rows, w_cols = (rng.uniform(0.5, 1.5, 7) * where for _ in range(2))
+    target = np.diag(y.astype(np.float64))
+
+    def oracle(x):
+        alpha = np.exp(x) + 1.0
+        return float(
+            w_rows @ np_edl_squared(alpha, target, where)
+            + w_cols @ np_edl_squared(alpha.T, target, where)
+        )
+
+    def weighted(x):
+        rows, columns = evidence.diagonal_edl_squared_error(x, y, where=where)
+        return jnp.dot(jnp.asarray(w_rows, jnp.float32), rows) + jnp.dot(
+            jnp.asarray(w_cols, jnp.float32), columns
+        )
+
+    got = np.asarray(jit(jax.grad(weighted))(jnp.asarray(log_e)))
+    x64, step = log_e.astype(np.float64), 1e-5
+    want = np.zeros_like(x64)
+    for i, j in np.ndindex(*x64.shape):
+        up, down = x64.copy(), x64.copy()
+        up[i, j] += step
+        down[i, j] -= step
+        want[i, j] = (oracle(up) - oracle(down)) / (2 * step)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+    assert np.abs(want).max() > 1e-3
+    if masked:  # a padding class is no candidate of any query; a padding query weighs 0
+        assert not got[~where].any() and not got[:, ~where].any()
+
+
+@pytest.mark.parametrize("scale", [0.5, 8.0, 30.0])
+def test_diagonal_edl_squared_error_equals_the_dense_form(scale):
+    """Values and gradients equal :func:`edl_squared_error` of the rows and of the columns
+    with the diagonal targets (padded), also where the evidence overflows float32 (``scale``
+    30: raw scores to 100, log-evidence to 1000) and finite differences cannot reach."""
+    log_e, y = _diagonal_case(50 + int(scale), scale)
+    target = np.diag(y)
+    rng = np.random.default_rng(51)
+    w_rows, w_cols = (jnp.asarray(rng.uniform(0.5, 1.5, 7) * WHERE, jnp.float32) for _ in "rc")
+
+    def dense(x):
+        rows = evidence.edl_squared_error(x, target, where=WHERE)
+        columns = evidence.edl_squared_error(x, target, where=WHERE, axis=0)
+        return rows, columns
+
+    def diagonal(x):
+        return evidence.diagonal_edl_squared_error(x, y, where=WHERE)
+
+    for a, b in zip(jit(dense)(log_e), jit(diagonal)(log_e), strict=True):
+        np.testing.assert_allclose(np.asarray(b)[WHERE], np.asarray(a)[WHERE], rtol=1e-5, atol=1e-7)
+    grads = [
+        jit(jax.grad(lambda x, f=f: w_rows @ f(x)[0] + w_cols @ f(x)[1]))(log_e)
+        for f in (dense, diagonal)
+    ]
+    assert np.isfinite(grads[1]).all()
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-4, atol=1e-7)
+    # the targets are constants
+    target_grad = jax.grad(lambda t: diagonal_sum(log_e, t))(y)
+    assert not np.asarray(target_grad).any()
+
+
+def diagonal_sum(log_e, y):
+    rows, columns = evidence.diagonal_edl_squared_error(log_e, y)
+    return rows.sum() + columns.sum()
+
+
+def test_diagonal_edl_squared_error_refuses_a_non_square_matrix():
+    with pytest.raises(ValueError, match="square"):
+        evidence.diagonal_edl_squared_error(np.zeros((3, 4), np.float32), np.ones(3))
+    with pytest.raises(ValueError, match="where"):
+        evidence.diagonal_edl_squared_error(np.zeros((3, 3)), np.ones(3), where=np.ones(4, bool))
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_dirichlet_kl_uniform_closed_form(masked):
     where = WHERE if masked else None

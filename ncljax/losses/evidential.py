@@ -236,6 +236,34 @@ class UGNCLTerms(NamedTuple):
     robust: jax.Array
 
 
+def as_views(views, name: str = "views") -> tuple[jax.Array, ...]:
+    """``W`` square ``[K, K]`` matrices from a ``[W, K, K]`` array or a sequence of them.
+
+    A method that computes each view's matrix apart passes the sequence: stacking them
+    would copy every ``[K, K]`` matrix, and its gradient again. A stacked array is split
+    (the split's gradient is the concatenation, which XLA forwards)."""
+    if isinstance(views, tuple | list):
+        views = tuple(jnp.asarray(v) for v in views)
+        if not views:
+            raise ValueError(f"{name} must hold at least one [K, K] view")
+    else:
+        views = jnp.asarray(views)
+        if views.ndim != 3:
+            raise ValueError(f"{name} must be [W, K, K], got {views.shape}")
+        views = tuple(v[0] for v in jnp.split(views, views.shape[0]))
+    shape = views[0].shape
+    if len(shape) != 2 or shape[0] != shape[1] or any(v.shape != shape for v in views):
+        raise ValueError(
+            f"{name} must be [W, K, K] (square, equal views), got {[v.shape for v in views]}"
+        )
+    return views
+
+
+def _per_view(fn, views: tuple[jax.Array, ...]) -> jax.Array:
+    """``fn`` of each view, stacked ``[W, ...]`` (a loop over the few views)."""
+    return jnp.stack([fn(view) for view in views])
+
+
 def ugncl_loss(
     log_e_views: ArrayLike,
     sim_views: ArrayLike,
@@ -270,8 +298,10 @@ def ugncl_loss(
     over the ``K`` real pairs (the trainer's ``'mean'`` reduction) is :math:`\mathcal L`.
 
     Args:
-      log_e_views: ``[W, K, K]`` log-evidence (rows images).
-      sim_views: ``[W, K, K]`` similarities of the ranking loss (``tanh`` of the raw scores).
+      log_e_views: ``[W, K, K]`` log-evidence (rows images), or a sequence of ``W``
+        ``[K, K]`` (:func:`as_views`).
+      sim_views: the similarities of the ranking loss (``tanh`` of the raw scores), in
+        the same form.
       labels: ``[K]`` :math:`\tilde y` (training; constants).
       codes: ``[K]`` partition codes (training).
       margins: ``[K]`` trusted margins (training).
@@ -295,12 +325,12 @@ def ugncl_loss(
     Returns:
       ``(shares [K], UGNCLTerms)``.
     """
-    log_e_views, sim_views = jnp.asarray(log_e_views), jnp.asarray(sim_views)
-    if log_e_views.ndim != 3 or log_e_views.shape[1] != log_e_views.shape[2]:
-        raise ValueError(f"log_e_views must be [W, K, K], got {log_e_views.shape}")
-    if sim_views.shape != log_e_views.shape:
+    log_e_views = as_views(log_e_views, "log_e_views")
+    sim_views = as_views(sim_views, "sim_views")
+    if len(sim_views) != len(log_e_views) or sim_views[0].shape != log_e_views[0].shape:
         raise ValueError(
-            f"sim_views {sim_views.shape} and log_e_views {log_e_views.shape} must match"
+            f"sim_views ({len(sim_views)} x {sim_views[0].shape}) and log_e_views "
+            f"({len(log_e_views)} x {log_e_views[0].shape}) must match"
         )
     if edl_view_aggregation not in EDL_VIEW_AGGREGATIONS:
         raise ValueError(
@@ -309,13 +339,19 @@ def ugncl_loss(
         )
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {RANKINGS}, got {ranking!r}")
-    num_views, num = log_e_views.shape[0], log_e_views.shape[-1]
+    num_views, num = len(log_e_views), log_e_views[0].shape[-1]
+    dtype = log_e_views[0].dtype
     valid = jnp.ones(num, bool) if where is None else jnp.asarray(where, bool)
     real = valid.sum()
-    y = jnp.ones(num, log_e_views.dtype) if warmup else _SG(jnp.asarray(labels, log_e_views.dtype))
-    eye = jnp.eye(num, dtype=log_e_views.dtype)
+    y = jnp.ones(num, dtype) if warmup else _SG(jnp.asarray(labels, dtype))
+    eye = jnp.eye(num, dtype=dtype)
 
     def both_directions(log_e):
+        if isinstance(kl_weight, int | float) and kl_weight == 0:
+            # each query targets its own class: three numbers per query and a gradient in
+            # one elementwise pass (the dense form's passes were most of a :vectors step)
+            rows, columns = evidence.diagonal_edl_squared_error(log_e, y, where=valid)
+            return rows + columns
         # the caption queries are the columns (axis 0): no transposed copy of the [K, K]
         # matrix, or of its gradient, which at large K cost more than the loss itself
         i2t = edl_loss(log_e, eye * y[:, None], kl_weight=kl_weight, where=valid)
@@ -323,12 +359,12 @@ def ugncl_loss(
         return i2t + t2i
 
     if edl_view_aggregation == "dst" and num_views > 1:
-        evidential = both_directions(evidence.fuse_log_evidence(log_e_views, real))
+        evidential = both_directions(evidence.fuse_log_evidence(jnp.stack(log_e_views), real))
     else:
-        per_view = jax.vmap(both_directions)(log_e_views)
+        per_view = _per_view(both_directions, log_e_views)
         evidential = per_view.sum(0) if warmup else per_view.mean(0)
     if ranking == "contrastive":
-        robust = jax.vmap(
+        robust = _per_view(
             lambda s: trusted_contrastive_loss(
                 s,
                 None if warmup else codes,
@@ -336,10 +372,11 @@ def ugncl_loss(
                 margin=margin,
                 temperature=temperature,
                 where=valid,
-            )
-        )(sim_views).sum(0)
+            ),
+            sim_views,
+        ).sum(0)
     elif warmup:
-        robust = jax.vmap(
+        robust = _per_view(
             lambda s: trl_warmup_loss(
                 s,
                 num_negatives,
@@ -347,10 +384,11 @@ def ugncl_loss(
                 where=valid,
                 max_negatives=max_negatives,
                 min_negatives=min_negatives,
-            )
-        )(sim_views).sum(0)
+            ),
+            sim_views,
+        ).sum(0)
     else:
-        robust = jax.vmap(
+        robust = _per_view(
             lambda s: trusted_robust_loss(
                 s,
                 codes,
@@ -359,8 +397,9 @@ def ugncl_loss(
                 where=valid,
                 max_negatives=max_negatives,
                 min_negatives=min_negatives,
-            )
-        )(sim_views).sum(0)
+            ),
+            sim_views,
+        ).sum(0)
     evidential = jnp.where(valid, evidential, 0.0)
     robust = jnp.where(valid, robust, 0.0)
     shares = evidential + robust_weight * real.astype(robust.dtype) * robust

@@ -376,6 +376,23 @@ def divide(s: Settings, u, prediction, q, where=None):
 _divide_jit = jax.jit(divide, static_argnums=0)
 
 
+def _stacked(x: jax.Array) -> jax.Array:
+    return x[None] if x.ndim == 2 else x
+
+
+def view_scores(s: Settings, outputs) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """:func:`scores` view by view: ``W`` ``[B, B]`` raw scores and ``W`` similarities.
+
+    The model's stacked ``[W, B, B]`` output is split before any elementwise map: each
+    view's matrix is then the model's own (XLA drops the stack), where a map of the stacked
+    views would copy them all, and their gradient, once more."""
+    if "logit" in outputs:
+        raw = evidential.as_views(_stacked(outputs["logit"]), "logit")
+        return raw, tuple(jnp.tanh(view) for view in raw)
+    sim = evidential.as_views(_stacked(outputs["sim"]), "sim")
+    return tuple((view - s.cosine_shift) / s.cosine_temperature for view in sim), sim
+
+
 def scores(s: Settings, outputs) -> tuple[jax.Array, jax.Array]:
     """``(R, S)`` ``[W, B, B]``: raw scores and the ranking loss's similarities."""
     if "logit" in outputs:
@@ -453,7 +470,7 @@ def stats(s: Settings, outputs, batch) -> dict[str, jax.Array]:
 
 def online_division(s: Settings, log_e, mask) -> tuple[StepDivision, dict[str, jax.Array]]:
     """The batch divided from its own forward (no gradient), and the rows it writes."""
-    signals = division_signals(s, jax.lax.stop_gradient(log_e), where=mask)
+    signals = division_signals(s, jax.lax.stop_gradient(jnp.stack(log_e)), where=mask)
     prediction = signals.prediction
     codes, u, q, bad = divide(s, signals.uncertainty, prediction, signals.soft_label, where=mask)
     fallback = jnp.broadcast_to(bad, mask.shape)
@@ -552,8 +569,8 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
     or the main phase's on the division; ``lambda`` anneals per optimisation step."""
     del peer_rows
     mask = batch["mask"]
-    raw, sim = scores(s, outputs)
-    log_e = log_evidence(s, raw)
+    raw, sim = view_scores(s, outputs)
+    log_e = tuple(log_evidence(s, view) for view in raw)
     real = mask.sum()
     lam = division.num_hard_negatives(
         ctx.step + 1, start=s.lambda_start, rate=s.delta, floor=s.theta, num_real=real

@@ -521,6 +521,63 @@ def test_ugncl_loss_contrastive_ranking_matches_oracle(warmup):
         ugncl_loss(log_e, sim, warmup=True, num_negatives=3, ranking="hinge")
 
 
+@pytest.mark.parametrize("warmup", [False, True])
+@pytest.mark.parametrize("ranking", ["trusted", "contrastive"])
+def test_ugncl_loss_without_the_kl_term_matches_oracle(warmup, ranking):
+    """``kl_weight=0`` (the cosine head's UGNCL) takes the evidential part from
+    ``evidence.diagonal_edl_squared_error``: the oracle at weight 0, values and, through the
+    raw scores, gradients equal to the dense form's (``kl_weight`` a traced 0 keeps it)."""
+    log_e, sim, labels, codes, margins = batch(300, 2)
+    kwargs = dict(labels=labels, codes=codes, margins=margins, num_negatives=3, warmup=warmup,
+                  ranking=ranking)  # fmt: skip
+    for where in (ALL, WHERE):
+        shares, terms = ugncl_loss(log_e, sim, kl_weight=0.0, where=where, **kwargs)
+        total, want, evidential, robust = np_ugncl(
+            log_e, sim, where, 3, labels, codes, margins, warmup, kl_weight=0.0, ranking=ranking
+        )
+        np.testing.assert_allclose(terms.evidential, evidential, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(terms.robust, robust, rtol=RTOL, atol=1e-6)
+        np.testing.assert_allclose(shares, want, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(np.asarray(shares)[where].mean(), total, rtol=RTOL)
+
+    def total_of(raw, weight):
+        shares, _ = ugncl_loss(
+            evidence.log_evidence(raw), jnp.tanh(raw), kl_weight=weight, where=WHERE, **kwargs
+        )
+        return shares.mean()
+
+    raw = np.random.default_rng(301).uniform(-3.0, 2.0, (2, 7, 7)).astype(np.float32)
+    fast = jax.jit(jax.value_and_grad(lambda r: total_of(r, 0.0)))(raw)
+    dense = jax.jit(jax.value_and_grad(total_of))(raw, jnp.float32(0.0))  # traced: dense
+    np.testing.assert_allclose(fast[0], dense[0], rtol=1e-6)
+    np.testing.assert_allclose(fast[1], dense[1], rtol=1e-4, atol=1e-6)
+    assert np.abs(dense[1]).max() > 1e-2
+
+
+def test_ugncl_loss_takes_the_views_as_a_sequence():
+    """A sequence of ``[K, K]`` views (a method that computes each view apart) gives the
+    stacked array's values and gradients; views of unequal or non-square shapes are one
+    error."""
+    log_e, sim, labels, codes, margins = batch(310, 2)
+    kwargs = dict(labels=labels, codes=codes, margins=margins, num_negatives=3, where=WHERE,
+                  ranking="contrastive", kl_weight=0.0)  # fmt: skip
+
+    def stacked(x):
+        return ugncl_loss(x, sim, **kwargs)[0].sum()
+
+    def listed(x):
+        return ugncl_loss([x[0], x[1]], (sim[0], sim[1]), **kwargs)[0].sum()
+
+    np.testing.assert_allclose(listed(log_e), stacked(log_e), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(listed)(log_e), jax.grad(stacked)(log_e), rtol=1e-6)
+    with pytest.raises(ValueError, match="square"):
+        ugncl_loss([log_e[0], log_e[1][:, :5]], sim, warmup=True, num_negatives=3)
+    with pytest.raises(ValueError, match="at least one"):
+        ugncl_loss([], sim, warmup=True, num_negatives=3)
+    with pytest.raises(ValueError, match="must match"):
+        ugncl_loss([log_e[0]], sim, warmup=True, num_negatives=3)
+
+
 def test_ugncl_loss_view_aggregation():
     """Per-view evidential part: summed over views in warm-up, averaged in training."""
     log_e, sim, labels, codes, margins = batch(250, 2)
