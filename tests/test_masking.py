@@ -1,5 +1,6 @@
 """ncljax.masking: the padded-rows mask and the masked sums, against hand-worked values."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -60,3 +61,20 @@ def test_a_block_takes_every_count_th_row():
     blocks = []
     masking.by_row_blocks(lambda block, rows: blocks.append(rows) or rows, jnp.zeros((6, 6)), 2)
     assert blocks[0].shape == (2,)  # traced: block j holds rows j and j + 3
+
+
+def test_row_argmax_matches_numpy():
+    """numpy's ``argmax`` over the last axis: ties and NaN to the lowest index, a row of
+    ``-inf`` to 0; batched rows and one column."""
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 4, (9, 6)).astype(np.float32)  # many ties
+    values[1] = -np.inf
+    values[2, [1, 4]] = np.nan
+    values[3, 5] = np.inf
+    values[4, 0] = np.nan
+    got = jax.jit(masking.row_argmax)(values)
+    np.testing.assert_array_equal(got, np.argmax(values, axis=-1))
+    assert got.dtype == np.int32
+    batched = rng.normal(size=(2, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(masking.row_argmax(batched), np.argmax(batched, axis=-1))
+    np.testing.assert_array_equal(masking.row_argmax(np.ones((3, 1), np.float32)), [0, 0, 0])

@@ -120,7 +120,7 @@ def energy(
 
 def _masked_argmax(values: jax.Array, mask: jax.Array) -> jax.Array:
     """Row argmax over ``mask`` (ties to the lowest index, as ``jnp.argmax``)."""
-    return jnp.argmax(jnp.where(mask, values, -jnp.inf), axis=1)
+    return masking.row_argmax(jnp.where(mask, values, -jnp.inf))
 
 
 def clean_mask(

@@ -167,7 +167,7 @@ def _log1m_softmax(logits: jax.Array, candidates: jax.Array) -> jax.Array:
     masked = jnp.where(candidates, logits, -jnp.inf)
     masked = jnp.where(rows_ok, masked, 0.0)
     lse = jax.nn.logsumexp(masked, axis=1, keepdims=True)
-    top = jnp.arange(logits.shape[1])[None, :] == jnp.argmax(masked, axis=1)[:, None]
+    top = jnp.arange(logits.shape[1])[None, :] == masking.row_argmax(masked)[:, None]
     rest = candidates & ~top
     has_rest = rest.any(1, keepdims=True)
     lse_rest = jax.nn.logsumexp(
