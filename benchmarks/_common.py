@@ -52,10 +52,12 @@ def machine() -> str:
 
     cpus = os.cpu_count()
     device = jax.devices()[0]
+    huge = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    pages = "huge pages on" if huge else "4 KiB pages"
     return (
         f"{platform.processor() or platform.machine()}, {cpus} cores, {device.platform} "
         f"x{jax.device_count()} ({device.device_kind}); python {sys.version.split()[0]}, "
-        f"jax {jax.__version__}"
+        f"jax {jax.__version__}; {pages}"
     )
 
 

@@ -83,6 +83,12 @@ import time
 
 from _common import machine, set_cpu_devices, timed
 
+import ncljax
+
+if __name__ == "__main__":
+    # as the commands do: the step's buffers on huge pages where the kernel gives them
+    # (ncljax._huge_pages_environment; NCLJAX_HUGE_PAGES=0 measures without)
+    ncljax._restart_with_huge_pages()
 set_cpu_devices(sys.argv)
 
 import jax  # noqa: E402
