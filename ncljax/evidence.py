@@ -432,17 +432,15 @@ def _diagonal_grad(log_e, target, valid, s: _DiagonalStats, axis: int) -> jax.Ar
     return evidence_share * jnp.where(_eye(log_e.shape[0]), per_query(own), other)
 
 
-@jax.custom_vjp
-def _diagonal_edl(log_e, target, valid):
-    rows = _diagonal_stats(log_e, target, valid, axis=1)
-    columns = _diagonal_stats(log_e, target, valid, axis=0)
-    return rows.loss, columns.loss
-
-
 def _diagonal_edl_fwd(log_e, target, valid):
     rows = _diagonal_stats(log_e, target, valid, axis=1)
     columns = _diagonal_stats(log_e, target, valid, axis=0)
     return (rows.loss, columns.loss), (log_e, target, valid, rows, columns)
+
+
+@jax.custom_vjp
+def _diagonal_edl(log_e, target, valid):
+    return _diagonal_edl_fwd(log_e, target, valid)[0]
 
 
 def _diagonal_edl_bwd(residuals, cotangents):

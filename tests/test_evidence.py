@@ -72,6 +72,18 @@ EDL = jit(lambda log_e, y, where, w: edl_loss(log_e, y, kl_weight=w, where=where
 # Oracles: float64, explicit loops over the classes.
 
 
+def central_differences(fn, x, step=1e-5):
+    """The gradient of a float64 scalar ``fn`` at ``x``, entry by entry."""
+    x64 = np.asarray(x, np.float64)
+    out = np.zeros_like(x64)
+    for index in np.ndindex(*x64.shape):
+        up, down = x64.copy(), x64.copy()
+        up[index] += step
+        down[index] -= step
+        out[index] = (fn(up) - fn(down)) / (2 * step)
+    return out
+
+
 def real_of(where):
     return [k for k in range(len(where)) if where[k]]
 
@@ -459,13 +471,7 @@ def test_edl_squared_error_gradient_matches_finite_differences(masked, axis):
         return jnp.dot(jnp.asarray(weights, jnp.float32), per_query)
 
     got = jit(jax.grad(weighted))(jnp.asarray(log_e))
-    x64, step = log_e.astype(np.float64), 1e-5
-    want = np.zeros_like(x64)
-    for i, j in np.ndindex(*x64.shape):
-        up, down = x64.copy(), x64.copy()
-        up[i, j] += step
-        down[i, j] -= step
-        want[i, j] = (oracle(up) - oracle(down)) / (2 * step)
+    want = central_differences(oracle, log_e)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
     assert np.abs(want).max() > 1e-3  # the check reads a gradient that is not 0
 
@@ -532,13 +538,7 @@ def test_diagonal_edl_squared_error_gradient_matches_finite_differences(masked):
         )
 
     got = np.asarray(jit(jax.grad(weighted))(jnp.asarray(log_e)))
-    x64, step = log_e.astype(np.float64), 1e-5
-    want = np.zeros_like(x64)
-    for i, j in np.ndindex(*x64.shape):
-        up, down = x64.copy(), x64.copy()
-        up[i, j] += step
-        down[i, j] -= step
-        want[i, j] = (oracle(up) - oracle(down)) / (2 * step)
+    want = central_differences(oracle, log_e)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
     assert np.abs(want).max() > 1e-3
     if masked:  # a padding class is no candidate of any query; a padding query weighs 0

@@ -376,7 +376,17 @@ def divide(s: Settings, u, prediction, q, where=None):
 _divide_jit = jax.jit(divide, static_argnums=0)
 
 
-def _stacked(x: jax.Array) -> jax.Array:
+def _raw_and_similarity(s: Settings, outputs, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(R, S)`` of the model's output ``x`` (any shape): its logit and ``tanh``, or the
+    cosine head's similarity and its scaled raw score."""
+    if "logit" in outputs:
+        return x, jnp.tanh(x)
+    return (x - s.cosine_shift) / s.cosine_temperature, x
+
+
+def _stacked_output(outputs) -> jax.Array:
+    """The model's ``[W, B, B]`` scores (``[B, B]`` of one view stacked)."""
+    x = outputs["logit"] if "logit" in outputs else outputs["sim"]
     return x[None] if x.ndim == 2 else x
 
 
@@ -386,25 +396,14 @@ def view_scores(s: Settings, outputs) -> tuple[tuple[jax.Array, ...], tuple[jax.
     The model's stacked ``[W, B, B]`` output is split before any elementwise map: each
     view's matrix is then the model's own (XLA drops the stack), where a map of the stacked
     views would copy them all, and their gradient, once more."""
-    if "logit" in outputs:
-        raw = evidential.as_views(_stacked(outputs["logit"]), "logit")
-        return raw, tuple(jnp.tanh(view) for view in raw)
-    sim = evidential.as_views(_stacked(outputs["sim"]), "sim")
-    return tuple((view - s.cosine_shift) / s.cosine_temperature for view in sim), sim
+    views = evidential.as_views(_stacked_output(outputs), "scores")
+    raw, sim = zip(*(_raw_and_similarity(s, outputs, view) for view in views), strict=True)
+    return raw, sim
 
 
 def scores(s: Settings, outputs) -> tuple[jax.Array, jax.Array]:
     """``(R, S)`` ``[W, B, B]``: raw scores and the ranking loss's similarities."""
-    if "logit" in outputs:
-        raw = outputs["logit"]
-        sim = jnp.tanh(raw)
-    else:
-        sim = outputs["sim"]
-        sim = sim[None] if sim.ndim == 2 else sim
-        raw = (sim - s.cosine_shift) / s.cosine_temperature
-    if raw.ndim == 2:
-        raw, sim = raw[None], sim[None]
-    return raw, sim
+    return _raw_and_similarity(s, outputs, _stacked_output(outputs))
 
 
 def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
