@@ -23,6 +23,7 @@ in a subprocess first and left out if it fails.
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,14 @@ if _OWN_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ncljax-tests-jit-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
+# A shell that starts pytest in the background without job control (`cmd &` in a script,
+# nohup) starts it with ctrl-c ignored, and an ignored signal stays ignored in every
+# child: the tests of what ctrl-c does to the commands would then test the shell. The
+# session (controller and workers) puts Python's own handler back, so the tests' children
+# start with ctrl-c at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
