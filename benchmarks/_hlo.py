@@ -274,10 +274,15 @@ class Program:
 KINDS = ("matmul", "softmax/norms", "gru", "elementwise")
 
 
-def profile_by_kind(program: Program, run, top: list | None = None) -> dict[str, float]:
+def profile_by_kind(
+    program: Program, run, top: list | None = None, stems: dict | None = None
+) -> dict[str, float]:
     """Seconds per kind of executed instruction over one call of ``run`` (traced); with a
     list ``top``, appends the 15 costliest instructions to it as
-    ``(seconds, kind, name, op_name)``."""
+    ``(seconds, kind, name, op_name)``; with a dict ``stems``, adds each instruction's time
+    and calls under its name without the numeric suffix (``wrapped_reduce-window.108`` ->
+    ``wrapped_reduce-window``: the instructions of one kind of kernel, summed) as
+    ``stems[stem] = [seconds, calls]``."""
     import jax
 
     directory = tempfile.mkdtemp(prefix="ncljax_profile_")
@@ -296,6 +301,10 @@ def profile_by_kind(program: Program, run, top: list | None = None) -> dict[str,
                 if kind is not None:
                     seconds[kind] += event.duration_ns * 1e-9
                     per_instruction[ins.name] += event.duration_ns * 1e-9
+                    if stems is not None:
+                        entry = stems.setdefault(re.sub(r"\.\d+$", "", ins.name), [0.0, 0])
+                        entry[0] += event.duration_ns * 1e-9
+                        entry[1] += 1
     if top is not None:
         for name, t in per_instruction.most_common(15):
             ins = program.instructions[name]

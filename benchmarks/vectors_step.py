@@ -7,6 +7,8 @@ the machine's measured float32 peak (a roofline).
   python benchmarks/vectors_step.py --case=gsc:2048                  # one case, one JSON line
   python benchmarks/vectors_step.py --case=peak                      # the peak alone
   python benchmarks/vectors_step.py --methods=infonce --batches=32 --repeats=1 --peak-size=512
+  python benchmarks/vectors_step.py --case=srem:4096 --profile       # where the step's time goes
+  python benchmarks/vectors_step.py --case=srem:4096 --set=method_kwargs.block_rows=128
 
 The folder (``ncljax.data.vectors``'s layout, written by ``vectors.write_folder``, float16
 unit vectors): ``2 x`` the largest batch training pairs of ``--dim`` image vectors
@@ -59,6 +61,11 @@ Columns:
   measured bandwidth (a STREAM triad ``x * s + y`` over ``--stream-size`` float32
   elements, in the ``peak`` case), the roofline's memory bound;
 * ``of roofline``: the larger of the two bounds over the measured step;
+* with ``--profile``, the JSON's ``profile``: one more call traced by ``jax.profiler``,
+  its seconds by kind of kernel (``_hlo.profile_by_kind``), the 25 costliest kinds of
+  kernel (instructions summed by name without their numeric suffix, with their calls:
+  e.g. every ``wrapped_reduce-window``) and the 15 costliest instructions; ``--set``
+  changes a config field of every case, as ``--config.<field>=<value>`` would;
 * ``enc x``, ``BxB x``: the fitted matmul FLOPs of each part over an InfoNCE step's of
   the trained networks (analytic: per trained network, a forward and backward of the
   MLP towers, ``2 B sum(d_in d_out)`` forward and twice that backward but the first
@@ -70,6 +77,7 @@ Columns:
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import json
 import os
@@ -94,7 +102,7 @@ set_cpu_devices(sys.argv)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _hlo import Program  # noqa: E402
+from _hlo import Program, profile_by_kind  # noqa: E402
 
 from ncljax import backend, models  # noqa: E402
 from ncljax import config as config_lib  # noqa: E402
@@ -202,12 +210,26 @@ def fit(points: dict[int, float]) -> tuple[float, float, float]:
     return tuple(float(c) for c in np.linalg.solve(np.vander(b, 3, increasing=True), y))
 
 
+def parse_sets(sets) -> dict:
+    """``--set`` fields as config overrides: ``field=value``, the value a Python literal
+    where it reads as one (``method_kwargs.block_rows=128``), a string otherwise."""
+    out = {}
+    for item in sets:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            raise SystemExit(f"--set takes field=value, got {item!r}")
+        try:
+            out[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[field] = value
+    return out
+
+
 def build(args, method_name: str, batch_size: int):
     """The step of ``method_name``'s first main epoch at ``batch_size``, as the trainer
     builds and calls it."""
-    config = config_lib.get(
-        f"{method_name}:vectors", {"data.folder": args.folder, "train.batch_size": batch_size}
-    )
+    overrides = {"data.folder": args.folder, "train.batch_size": batch_size}
+    config = config_lib.get(f"{method_name}:vectors", overrides | parse_sets(args.set))
     config, b = loop._build(config, None)  # the trainer's own: checks, data, method, state
     method, pairs, mesh, tx, graphdef = b.method, b.pairs, b.mesh, b.tx, b.graphdef
     n = pairs.num_records
@@ -296,6 +318,16 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
             jax.block_until_ready((holder[0], metrics))
 
         times = timed(run, warmup=1, repeats=args.repeats)
+        profile = None
+        if args.profile:  # one more call, traced
+            top, stems = [], {}
+            kinds = profile_by_kind(program, run, top, stems)
+            costliest = sorted(stems.items(), key=lambda kv: -kv[1][0])[:25]
+            profile = {
+                "seconds_by_kind": kinds,
+                "kernels": [[name, round(t, 4), calls] for name, (t, calls) in costliest],
+                "instructions": top,
+            }
     t = statistics.median(times)
     total = sum(flops.values())
     out = {
@@ -323,6 +355,8 @@ def step_case(args, method_name: str, batch_size: int) -> dict:
         "memory_temp_gib": memory.temp_size_in_bytes / 2**30,
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
+    if profile is not None:
+        out["profile"] = profile
     if len(points) == 3:
         c0, c1, c2 = fit({b: sum(f.values()) for b, f in points.items()})
         _, m1, m2 = fit({b: f.get("matmul", 0.0) for b, f in points.items()})
@@ -414,6 +448,19 @@ def main():
         "runs one; 'cheapest': e.g. UGNCL's warm-up objective skipped once a division is "
         "usable and its hard-negative count at its floor)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a config field of every case, field=value (repeatable), e.g. "
+        "method_kwargs.block_rows=128",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="trace one more call of each case (jax.profiler): seconds by kind of kernel, "
+        "the costliest kinds (instructions summed by name) and instructions, in its JSON",
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--peak-size", type=int, default=4096, help="of the peak's matmul")
     parser.add_argument(
@@ -458,6 +505,8 @@ def main():
             f"--at-step={args.at_step}",
             f"--branches={args.branches}",
             *([] if args.split else ["--no-split"]),
+            *(f"--set={item}" for item in args.set),
+            *(["--profile"] if args.profile else []),
         ]
 
         def child(case):

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from _hlo import Program
+from _hlo import Program, profile_by_kind
 
 
 def _program(fn, *args):
@@ -74,3 +74,18 @@ def test_traffic_of_a_loop_over_row_blocks_reads_each_block_once():
     assert whole < looped < 5 * whole
     # what it would count if every trip read and wrote the whole matrix
     assert 3 * looped < 8 * 2 * 64 * 256 * 4
+
+
+def test_profile_sums_each_kind_of_kernel_over_its_calls():
+    x = jnp.ones((8, 64, 128), jnp.float32)
+    fn = jax.jit(lambda v: jax.lax.map(lambda b: jnp.exp(b).sum(1), v))
+    program = Program(fn.lower(x).compile().as_text())
+    fn(x).block_until_ready()
+    top, stems = [], {}
+    kinds = profile_by_kind(program, lambda: fn(x).block_until_ready(), top, stems)
+    # every traced instruction is counted once by kind and once under its name's stem
+    assert abs(sum(kinds.values()) - sum(t for t, _ in stems.values())) < 1e-9
+    assert all(not name[-1].isdigit() for name in stems)
+    # the loop body's instructions run once per block of the map (8), under one stem each
+    assert max(calls for _, calls in stems.values()) >= 8
+    assert top and all(seconds >= 0 for seconds, *_ in top)
