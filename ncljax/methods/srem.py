@@ -837,7 +837,10 @@ def srem_loss(
         cache, and nothing ``[B, B]`` but the logits, their transpose and their gradient is
         written (the directions' ``mask`` and ``q`` are then ``None``). Used where ``B``
         is a multiple of ``block_rows`` larger than it, with ``form='expectation'``
-        (``rectify`` not a ``matmul`` reading); otherwise one block.
+        (``rectify`` not a ``matmul`` reading); otherwise one block. With
+        ``cl_prob='softmax'`` a block's energies and complementary terms are then one
+        function with its gradient written by hand (``_fused_terms``): fewer passes over
+        the block, the same values, gradients equal to round-off.
 
     Returns:
       ``(loss, directions)``: ``[B]`` shares whose mean over the real pairs is :math:`L`, and
@@ -1039,7 +1042,30 @@ def _direction_terms(
         comp = srem_losses.complementary_loss(f, q, mask, rows=rows, **complementary)
         return (energy, comp) if rows is not None else (energy, comp, mask, q)
 
-    out = masking.by_row_blocks(block_terms, f, block, used, est.hard_negative, checkpoint=True)
+    if (
+        block < num
+        and complementary["prob"] == "softmax"
+        and complementary["form"] == "expectation"
+    ):
+        # the same terms in fewer passes, with their gradient by hand: nothing [B, B] is
+        # kept but the blocks themselves, and nothing is recomputed row-wise
+        def fused(f, rows, used, phi):
+            terms = _fused_terms(
+                f,
+                rows,
+                used,
+                phi,
+                valid,
+                beta,
+                offset,
+                rectify != "uniform",
+                complementary["reduction"],
+            )
+            return terms
+
+        out = masking.by_row_blocks(fused, f, block, used, est.hard_negative)
+    else:
+        out = masking.by_row_blocks(block_terms, f, block, used, est.hard_negative, checkpoint=True)
     energy, comp = out[:2]
     mask, q = out[2:] if len(out) == 4 else (None, None)
     if warmup:
@@ -1090,3 +1116,135 @@ def _direction_terms(
         partner_p=est.partner_p,
     )
     return share, direction
+
+
+# ------------------------------------------------------------------ a block's terms, fused
+
+
+def _fused_forward(f, rows, used, phi, columns, *, beta, offset, rectify, reduction):
+    """A block's energies and complementary terms (prob ``'softmax'``, the expectation form)
+    and the per-row numbers their gradient needs (:func:`_fused_terms`)."""
+    num = f.shape[1]
+    valid = columns[rows]
+    iota = jnp.arange(num, dtype=jnp.int32)[None, :]
+    candidates = valid[:, None] & columns[None, :]
+    own = iota == rows[:, None]
+    negatives = candidates & ~own
+    # the log-sum-exp of each row over its candidates: the energy (Eq. 1, negated) and the
+    # softmax P of the complementary loss, with the row's top candidate from the same max
+    masked = jnp.where(candidates, f, -jnp.inf)
+    top_value = masked.max(1)
+    shift = jnp.where(jnp.isfinite(top_value), top_value, 0.0)
+    lse = shift + jnp.log(jnp.sum(jnp.exp(masked - shift[:, None]), 1))
+    top_index = jnp.min(jnp.where(masked == top_value[:, None], iota, num), 1)
+    top = iota == top_index[:, None]
+    count = jnp.sum(columns)
+    has_rest = valid & (count >= 2)
+    rest = jnp.where(has_rest[:, None], jnp.where(candidates & ~top, f, -jnp.inf), 0.0)
+    lse_rest = jax.nn.logsumexp(rest, axis=1)
+    # the complementary candidates (Eq. 11), the selection probabilities (Eq. 10) and Q
+    # (Eq. 12), none differentiated
+    mask = negatives & ~(used[:, None] & (iota == phi[:, None]))
+    scores = jax.nn.sigmoid(f)
+    z = jnp.where(negatives, beta * (scores - offset), -jnp.inf)
+    log_norm = jnp.logaddexp(0.0, jax.nn.logsumexp(z, axis=1))
+    chosen = jnp.where(negatives, jnp.exp(z - log_norm[:, None]), 0.0)
+    q_logits = jnp.where(mask, chosen if rectify else 0.0, -jnp.inf)
+    q_max = jnp.max(q_logits, 1)
+    q_shift = jnp.where(jnp.isfinite(q_max), q_max, 0.0)
+    q_sum = jnp.sum(jnp.where(mask, jnp.exp(q_logits - q_shift[:, None]), 0.0), 1)
+    q_sum = jnp.where(q_sum > 0, q_sum, 1.0)
+    q = jnp.where(mask, jnp.exp(q_logits - q_shift[:, None]) / q_sum[:, None], 0.0)
+    # log(1 - P), exact at the top candidate (ncljax.losses.srem._log1m_softmax)
+    log_p = jnp.where(candidates & ~top, f - lse[:, None], -1.0)
+    at_top = jnp.where(has_rest, lse_rest - lse, -jnp.inf)
+    log1m = jnp.where(top, at_top[:, None], jnp.log1p(-jnp.exp(log_p)))
+    size = mask.sum(1).astype(f.dtype)
+    kappa = jnp.where(valid, size if reduction == "sum" else 1.0, 0.0)
+    comp = kappa * -jnp.sum(jnp.where(mask, q * log1m, 0.0), 1)
+    energy = jnp.where(valid, -lse, 0.0)
+    saved = (shift, lse, lse_rest, top_index, log_norm, q_shift, q_sum, kappa)
+    return (energy, comp), saved
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _fused_terms(f, rows, used, phi, columns, beta, offset, rectify, reduction):
+    r"""``(energy [b], complementary [b])`` of a block of query rows ``f [b, B]`` (rows
+    ``rows`` of the direction's logits; ``columns``, the batch's real pairs): the values of
+    :func:`ncljax.labels.srem.energy` and :func:`ncljax.losses.srem.complementary_loss`
+    (``prob='softmax'``, the expectation form) over the mask and ``Q`` of Eqs. 10-12, in
+    fewer passes: one maximum for the energy, the softmax and the top candidate, and a
+    gradient by hand,
+
+    .. math::
+      \frac{\partial L_{c,i}}{\partial F_{ik}} = \kappa_i \big(r_{ik} - P_{ik}
+        \textstyle\sum_j r_{ij}\big),\qquad
+      r_{ij} = \mathbf Q_{ij} \frac{P_{ij}}{1 - P_{ij}},\qquad
+      \frac{\partial E_i}{\partial F_{ik}} = -P_{ik}
+
+    (``P / (1 - P)`` at the row's top candidate as :math:`\exp(F_{ij} - \mathrm{lse}_{k
+    \ne j} F_{ik})`), from per-row numbers: the backward pass reads the block once more
+    and recomputes nothing row-wise but one sum."""
+    return _fused_forward(
+        f,
+        rows,
+        used,
+        phi,
+        columns,
+        beta=beta,
+        offset=offset,
+        rectify=rectify,
+        reduction=reduction,
+    )[0]
+
+
+def _fused_terms_fwd(f, rows, used, phi, columns, beta, offset, rectify, reduction):
+    out, saved = _fused_forward(
+        f,
+        rows,
+        used,
+        phi,
+        columns,
+        beta=beta,
+        offset=offset,
+        rectify=rectify,
+        reduction=reduction,
+    )
+    return out, (f, rows, used, phi, columns, beta, offset, saved)
+
+
+def _fused_terms_bwd(rectify, reduction, residuals, cotangents):
+    del reduction  # in kappa
+    f, rows, used, phi, columns, beta, offset, saved = residuals
+    shift, lse, lse_rest, top_index, log_norm, q_shift, q_sum, kappa = saved
+    g_energy, g_comp = cotangents
+    num = f.shape[1]
+    valid = columns[rows]
+    iota = jnp.arange(num, dtype=jnp.int32)[None, :]
+    candidates = valid[:, None] & columns[None, :]
+    negatives = candidates & (iota != rows[:, None])
+    mask = negatives & ~(used[:, None] & (iota == phi[:, None]))
+    top = iota == top_index[:, None]
+    p = jnp.where(candidates, jnp.exp(f - lse[:, None]), 0.0)
+    z = beta * (jax.nn.sigmoid(f) - offset)
+    chosen = jnp.exp(z - log_norm[:, None])
+    q = jnp.exp((chosen if rectify else 0.0) - q_shift[:, None]) / q_sum[:, None]
+    # With r_j = Q_j P_j / (1 - P_j) and R its row sum, the loss's gradient is r_k - P_k R.
+    # At the top candidate P may be 1 to round-off and r huge; its part is taken apart:
+    # r_t (1 - P_t) = Q_t P_t, and P_k r_t = Q_t P_t exp(F_k - lse_{j != t} F_j) for k != t.
+    # Below the top P <= 1/2, so P / (1 - P) is exact.
+    rest = mask & ~top
+    r = jnp.where(rest, q * p / (1.0 - p), 0.0)
+    r_rest = jnp.sum(r, 1)
+    q_top = jnp.sum(jnp.where(mask & top, q, 0.0), 1)  # 0 where the top is no candidate
+    safe_rest = jnp.where(jnp.isfinite(lse_rest), lse_rest, 0.0)
+    top_pull = (q_top * jnp.exp(shift - lse))[:, None]  # Q_t P_t
+    off_top = r - top_pull * jnp.exp(f - safe_rest[:, None])
+    comp_grad = jnp.where(top, top_pull, off_top) - p * r_rest[:, None]
+    weight = g_comp * kappa
+    grad = -g_energy[:, None] * p + weight[:, None] * comp_grad
+    grad = jnp.where(candidates, grad, 0.0).astype(f.dtype)
+    return grad, None, None, None, None, None, None
+
+
+_fused_terms.defvjp(_fused_terms_fwd, _fused_terms_bwd)
