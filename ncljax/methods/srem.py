@@ -1121,7 +1121,7 @@ def _direction_terms(
 # ------------------------------------------------------------------ a block's terms, fused
 
 
-def _fused_forward(f, rows, used, phi, columns, *, beta, offset, rectify, reduction):
+def _fused_forward(f, rows, used, phi, columns, beta, offset, rectify, reduction):
     """A block's energies and complementary terms (prob ``'softmax'``, the expectation form)
     and the per-row numbers their gradient needs (:func:`_fused_terms`)."""
     num = f.shape[1]
@@ -1184,32 +1184,12 @@ def _fused_terms(f, rows, used, phi, columns, beta, offset, rectify, reduction):
 
     (``P / (1 - P)`` at the row's top candidate as :math:`\exp(F_{ij} - \mathrm{lse}_{k
     \ne j} F_{ik})`), from per-row numbers: the backward pass reads the block once more
-    and recomputes nothing row-wise but one sum."""
-    return _fused_forward(
-        f,
-        rows,
-        used,
-        phi,
-        columns,
-        beta=beta,
-        offset=offset,
-        rectify=rectify,
-        reduction=reduction,
-    )[0]
+    and recomputes no row-wise quantity but two sums."""
+    return _fused_forward(f, rows, used, phi, columns, beta, offset, rectify, reduction)[0]
 
 
 def _fused_terms_fwd(f, rows, used, phi, columns, beta, offset, rectify, reduction):
-    out, saved = _fused_forward(
-        f,
-        rows,
-        used,
-        phi,
-        columns,
-        beta=beta,
-        offset=offset,
-        rectify=rectify,
-        reduction=reduction,
-    )
+    out, saved = _fused_forward(f, rows, used, phi, columns, beta, offset, rectify, reduction)
     return out, (f, rows, used, phi, columns, beta, offset, saved)
 
 
