@@ -1050,18 +1050,10 @@ def _direction_terms(
         # the same terms in fewer passes, with their gradient by hand: nothing [B, B] is
         # kept but the blocks themselves, and nothing is recomputed row-wise
         def fused(f, rows, used, phi):
-            terms = _fused_terms(
-                f,
-                rows,
-                used,
-                phi,
-                valid,
-                beta,
-                offset,
-                rectify != "uniform",
-                complementary["reduction"],
+            biased = rectify != "uniform"
+            return _fused_terms(
+                f, rows, used, phi, valid, beta, offset, biased, complementary["reduction"]
             )
-            return terms
 
         out = masking.by_row_blocks(fused, f, block, used, est.hard_negative)
     else:
@@ -1144,7 +1136,7 @@ def _fused_forward(f, rows, used, phi, columns, beta, offset, rectify, reduction
     lse_rest = jax.nn.logsumexp(rest, axis=1)
     # the complementary candidates (Eq. 11), the selection probabilities (Eq. 10) and Q
     # (Eq. 12), none differentiated
-    mask = negatives & ~(used[:, None] & (iota == phi[:, None]))
+    mask = selection.complementary_mask(used, phi, where=columns, rows=rows)
     scores = jax.nn.sigmoid(f)
     z = jnp.where(negatives, beta * (scores - offset), -jnp.inf)
     log_norm = jnp.logaddexp(0.0, jax.nn.logsumexp(z, axis=1))
@@ -1202,8 +1194,7 @@ def _fused_terms_bwd(rectify, reduction, residuals, cotangents):
     valid = columns[rows]
     iota = jnp.arange(num, dtype=jnp.int32)[None, :]
     candidates = valid[:, None] & columns[None, :]
-    negatives = candidates & (iota != rows[:, None])
-    mask = negatives & ~(used[:, None] & (iota == phi[:, None]))
+    mask = selection.complementary_mask(used, phi, where=columns, rows=rows)
     top = iota == top_index[:, None]
     p = jnp.where(candidates, jnp.exp(f - lse[:, None]), 0.0)
     z = beta * (jax.nn.sigmoid(f) - offset)
