@@ -254,6 +254,17 @@ class Settings(NamedTuple):
         keeps every pair: with next to no mismatched pair, the test's rejections are
         hard clean pairs (the breast cancer halves at 0%: 17 below InfoNCE with it).
       noise_floor: that floor [ncljax: 0.05].
+      partner_rule: the partner test's level from one epoch to the next, ``'level'``
+        (``partner_level`` throughout) or ``'share'`` [ncljax; ``noise_share='partner'``
+        only]: the level at which the last epoch's p-values keep all but the share of
+        pairs its bound allows to be mismatched (their ``1 - bound`` quantile), never
+        below ``partner_level``. A model that places matched pairs weakly gives them
+        p-values well above 0.05: at a fixed level the test then keeps few pairs
+        (11-34% of the clean pairs of a weak synthetic world in the first main epochs),
+        and those it rejects train no pull towards their partner. The bound errs high
+        on such a model, so the rule keeps no more pairs than are clean; where the
+        model places its matched pairs first, the quantile falls below
+        ``partner_level`` and the rule is the fixed level.
       block_rows: each direction's ``[B, B]`` terms are computed this many query rows at a
         time where the batch is a larger multiple of it (``srem_loss``'s ``block_rows``;
         0: the whole batch at once) [ncljax: 256]. The same objective to
@@ -288,6 +299,7 @@ class Settings(NamedTuple):
     ranking: str = "hinge"
     noise_share: str = "none"
     noise_floor: float = 0.05
+    partner_rule: str = "level"
     block_rows: int = 256
 
 
@@ -303,6 +315,7 @@ _CHOICES = {
     "division": selection.DIVISIONS,
     "ranking": RANKINGS,
     "noise_share": share_lib.MODES,
+    "partner_rule": ("level", "share"),
 }
 # The rule of each setting (``settings.check``), in the order its messages are joined.
 CHECKS = {name: settings.one_of(*allowed) for name, allowed in _CHOICES.items()}
@@ -333,6 +346,13 @@ def validate(values) -> None:
         "'none' unless division='partner' (it switches the partner test off)",
         values["noise_share"],
     )
+    settings.require(
+        values["partner_rule"] == "level" or values["noise_share"] == "partner",
+        "srem",
+        "partner_rule",
+        "'level' unless noise_share='partner' (the share rule reads its bound)",
+        values["partner_rule"],
+    )
 
 
 def calibrated(s: Settings) -> bool:
@@ -355,6 +375,8 @@ def init_memory(s: Settings, ctx: base.InitContext) -> base.Memory:
     if s.noise_share == "partner":  # p-values of 1 and the test on until an epoch is seen
         samples["partner_p"] = jnp.ones(ctx.num_samples, jnp.float32)
         state["division_off"] = jnp.zeros((), jnp.float32)
+    if s.partner_rule == "share":  # the test's level, set by each refresh
+        state["partner_level"] = jnp.asarray(s.partner_level, jnp.float32)
     return base.Memory(samples=samples, state=state)
 
 
@@ -410,7 +432,9 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
         division = batch_division(s, f, division, batch["mask"])
     level = None
     if s.noise_share == "partner":  # the division off: the test at level 1 keeps every pair
-        level = jnp.where(state["division_off"] > 0.5, 1.0, s.partner_level)
+        level = jnp.where(
+            state["division_off"] > 0.5, 1.0, state.get("partner_level", s.partner_level)
+        )
     per_pair, views = objective(
         s, f, warmup=warmup, division=division, where=batch["mask"], level=level
     )
@@ -582,6 +606,12 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
         share = share_lib.noise_share(samples["partner_p"], where=last)
         off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
         state["division_off"] = jnp.asarray(off, jnp.float32)
+        if s.partner_rule == "share":
+            p, level = np.asarray(samples["partner_p"])[last], s.partner_level
+            if p.size:  # keep all but the bounded share: the 1 - bound quantile
+                level = max(level, float(np.quantile(p, 1.0 - float(share.bound))))
+            state["partner_level"] = jnp.asarray(level, jnp.float32)
+            diagnostics["partner_level"] = level
         diagnostics |= {k: float(v) for k, v in share_lib.diagnostics(share, off, held).items()}
     return base.Memory(samples=samples, state=state), diagnostics
 

@@ -197,10 +197,12 @@ def test_configs_keep_the_paper_constants_on_the_papers_benchmarks():
     assert (kwargs.calibration, kwargs.warmup_rectify) == ("data", "uniform")
     assert (kwargs.lambda1, kwargs.cosine_temperature) == (0.0, 0.07)
     assert (kwargs.division, kwargs.ranking) == ("partner", "contrastive")
+    assert (kwargs.noise_share, kwargs.partner_rule) == ("partner", "share")
     for dataset in ("f30k", "coco", "cc152k"):
         kwargs = load_config("srem", dataset).method_kwargs
         assert (kwargs.calibration, kwargs.warmup_rectify) == ("paper", "biased")
         assert (kwargs.division, kwargs.ranking) == ("energy", "hinge")
+        assert kwargs.partner_rule == "level"
 
 
 def test_the_warmup_step_uses_uniform_complementary_labels_by_default():
@@ -252,6 +254,57 @@ def test_an_epoch_whose_p_values_bound_the_noise_near_0_keeps_every_pair():
     np.testing.assert_allclose(
         aux_off.memory["partner_p"], selection.partner_p_value(logits, where=mask), rtol=1e-6
     )
+
+
+def _wilson_bound(p, lam=0.5, z=1.6448536269514722):
+    """Storey's share with a one-sided 95% Wilson bound, written out (the oracle)."""
+    n = p.size
+    q = np.sum(p > lam) / n
+    upper = (q + z * z / (2 * n) + z * np.sqrt(q * (1 - q) / n + z * z / (4 * n * n))) / (
+        1 + z * z / n
+    )
+    return min(upper / (1 - lam), 1.0)
+
+
+@pytest.mark.parametrize("rule", ["level", "share"])
+def test_the_share_rule_keeps_all_but_the_bounded_share_of_pairs(rule):
+    """``partner_rule='share'``: the next epoch's partner test runs at the ``1 - bound``
+    quantile of the last epoch's p-values (the pairs it wrote), never below
+    ``partner_level``; ``'level'`` keeps ``partner_level``. A step then selects exactly the
+    pairs whose partner p-value is at most that level."""
+    kwargs = {"division": "partner", "ranking": "contrastive", "noise_share": "partner"}
+    method = methods.build_method("srem", kwargs | {"partner_rule": rule})
+    memory, written = _trained_memory(method, n=400, epoch=4)
+    assert ("partner_level" in memory.state) == (rule == "share")
+    rng = np.random.default_rng(7)
+    # A weak model at 0%: every partner better than random, few by much; the unwritten
+    # pairs (p 0.99) must not count.
+    weak = np.where(written, rng.beta(1.0, 3.0, 400), 0.99).astype(np.float32)
+    memory = base.Memory(dict(memory.samples, partner_p=jnp.asarray(weak)), memory.state)
+    new, diag = method.refresh_fn(memory, None, _refresh_ctx(4))
+    bound = _wilson_bound(weak[written].astype(np.float64))
+    assert diag["noise_share_bound"] == pytest.approx(bound, abs=1e-5)
+    assert 0.05 < bound < 1.0 and float(new.state["division_off"]) == 0.0
+    want = max(0.05, float(np.quantile(weak[written], 1.0 - bound))) if rule == "share" else 0.05
+    assert want > 0.05 or rule == "level"
+    level = new.state.get("partner_level", 0.05)
+    assert float(level) == pytest.approx(want, rel=1e-6)
+    assert diag.get("partner_level", 0.05) == pytest.approx(want, rel=1e-6)
+    # A strong model: the quantile falls below partner_level, which stays.
+    strong = np.where(written, rng.uniform(0.0, 0.02, 400), 0.99).astype(np.float32)
+    strong[:40] = np.linspace(0.5, 1.0, 40)  # a tenth of the pairs lie
+    memory = base.Memory(dict(memory.samples, partner_p=jnp.asarray(strong)), memory.state)
+    kept, _ = method.refresh_fn(memory, None, _refresh_ctx(4))
+    assert float(kept.state.get("partner_level", 0.05)) == pytest.approx(0.05)
+    # The step selects the pairs at or below the level.
+    b = 32
+    logits = _logits(4, b=b, boost=3.0)
+    mask = jnp.ones(b, bool)
+    ctx = _ctx(base.MAIN)._replace(memory_state=new.state)
+    _, aux = method.loss_fn({"logit": logits}, {"mask": mask}, {}, {}, ctx)
+    p = np.asarray(selection.partner_p_value(logits, where=mask))
+    assert 0 < np.mean(p <= want) < 1  # the level divides this batch
+    np.testing.assert_array_equal(aux.memory["clean_i2t"], (p <= want).astype(np.float32))
 
 
 def test_noise_share_needs_the_partner_test():

@@ -205,13 +205,22 @@ def test_energy_score_uses_the_mean_threshold_in_use():
 
 
 def test_validate_and_log_settings(caplog):
-    ok = {"m_clean": -1.0, "m_noisy": -1.0, "noise_share": "none", "division": "energy"}
+    ok = {
+        "m_clean": -1.0,
+        "m_noisy": -1.0,
+        "noise_share": "none",
+        "division": "energy",
+        "partner_rule": "level",
+    }
     srem.validate(ok)
     srem.validate(ok | {"noise_share": "partner", "division": "partner"})
     with pytest.raises(ValueError, match=r"^srem m_clean must be <= m_noisy=-2.0 "):
         srem.validate(ok | {"m_noisy": -2.0})
     with pytest.raises(ValueError, match=r"^srem noise_share must be 'none' unless division"):
         srem.validate(ok | {"noise_share": "partner"})
+    srem.validate(ok | {"noise_share": "partner", "division": "partner", "partner_rule": "share"})
+    with pytest.raises(ValueError, match=r"^srem partner_rule must be 'level' unless noise_share"):
+        srem.validate(ok | {"partner_rule": "share"})
     with caplog.at_level(logging.WARNING):
         srem.log_settings(srem.Settings(cl_prob="sigmoid", warmup_epochs=0))
         assert not caplog.records
