@@ -77,7 +77,7 @@ def _positive_ints(**values) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _embeddings(z: ArrayLike) -> jax.Array:
+def embeddings(z: ArrayLike) -> jax.Array:
     """``[N, D]`` embeddings as unit rows (:func:`_unit_rows`), or one error."""
     unit = _unit_rows(z)
     if unit.ndim != 2:
@@ -266,7 +266,7 @@ def knn_cosine(
       the training set, Sec. V-B, hence a chunked search over the whole set).
     """
     _positive_ints(chunk=chunk, **({} if key_chunk is None else {"key_chunk": key_chunk}))
-    unit = _embeddings(z)
+    unit = embeddings(z)
     num_samples = unit.shape[0]
     limit = num_samples - 1 if exclude_self else num_samples
     if not 1 <= k <= limit:
@@ -342,7 +342,7 @@ def knn_cosine_blocks(
       descending order of similarity.
     """
     _positive_ints(block=block, probes=probes, sample=sample, iterations=iterations)
-    unit = _embeddings(z)
+    unit = embeddings(z)
     num_samples = unit.shape[0]
     limit = blocks_capacity(num_samples, block, probes, exclude_self=exclude_self)
     if not 1 <= k <= limit:
@@ -360,23 +360,22 @@ def knn_cosine_blocks(
     padded = num_blocks * block
     position = jnp.pad(order, (0, padded - num_samples), constant_values=num_samples)
     rows = jnp.pad(unit, ((0, 1), (0, 0)))[position].reshape(num_blocks, block, -1)
-    real = (position < num_samples).reshape(num_blocks, block)
     centres = _unit_rows(jnp.sum(rows, axis=1))  # padding rows are 0
     near, _ = knn_cosine(centres, k=probes, exclude_self=False)  # [blocks, probes]
 
     def search(args):
         b, probe = args
         column = (probe[:, None] * block + jnp.arange(block)).reshape(-1)  # slots searched
-        # the candidates in the order of their rows, so that top_k breaks a tie by the
-        # lower row (padding, position N, last)
-        column = column[jnp.argsort(position[column], stable=True)]
-        candidates = rows.reshape(padded, -1)[column]
-        sim = jnp.matmul(rows[b], candidates.T, precision=_HIGHEST)
-        drop = ~real.reshape(-1)[column][None, :]
-        if exclude_self:
-            drop = drop | (column[None, :] == b * block + jnp.arange(block)[:, None])
-        top, at = lax.top_k(jnp.where(drop, -jnp.inf, sim), k)
-        return top, position[column[at]]
+        return search_block(
+            rows[b],
+            rows.reshape(padded, -1)[column],
+            column,
+            b,
+            position,
+            num_samples,
+            k,
+            exclude_self,
+        )
 
     blocks = jnp.arange(num_blocks, dtype=jnp.int32)
     similarity, found = lax.map(search, (blocks, near))
@@ -387,6 +386,35 @@ def knn_cosine_blocks(
         jnp.full((num_samples, k), -jnp.inf, unit.dtype).at[position].set(similarity, mode="drop")
     )
     return index, sims
+
+
+def search_block(
+    query, probe_rows, column, b, position, num_samples: int, k: int, exclude_self: bool
+):
+    """One block's top-``k`` in :func:`knn_cosine_blocks`: ``(similarity [block, k],
+    rows [block, k])``.
+
+    Args:
+      query: ``[block, D]`` the block's unit rows (in block order).
+      probe_rows: ``[probes * block, D]`` the unit rows of the blocks it searches, at the
+        slots ``column``.
+      column: int ``[probes * block]`` those slots (positions in block order).
+      b: the block's own number (its slots are ``b * block + [0, block)``).
+      position: int ``[blocks * block]`` the row at each slot (``N``: padding).
+      num_samples: ``N`` (static).
+      k, exclude_self: as :func:`knn_cosine_blocks` (static).
+    """
+    block = query.shape[0]
+    # the candidates in the order of their rows, so that top_k breaks a tie by the lower
+    # row (padding last)
+    order = jnp.argsort(position[column], stable=True)
+    column = column[order]
+    sim = jnp.matmul(query, probe_rows[order].T, precision=_HIGHEST)
+    drop = position[column][None, :] >= num_samples  # padding
+    if exclude_self:
+        drop = drop | (column[None, :] == b * block + jnp.arange(block)[:, None])
+    top, at = lax.top_k(jnp.where(drop, -jnp.inf, sim), k)
+    return top, position[column[at]]
 
 
 def blocks_capacity(num_samples: int, block: int, probes: int, *, exclude_self: bool = True):
@@ -410,12 +438,21 @@ def _block_order(unit, num_clusters: int, key, sample: int, iterations: int) -> 
     num_samples = unit.shape[0]
     if num_clusters == 1:
         return jnp.arange(num_samples, dtype=jnp.int32)
+    chosen, start = kmeans_draw(key, num_samples, num_clusters, sample)
+    points = unit[chosen]
+    centroids = lloyd_centroids(points, points[start], iterations=iterations)
+    return jnp.argsort(nearest_centroid(unit, centroids), stable=True).astype(jnp.int32)
+
+
+def kmeans_draw(key, num_samples: int, num_clusters: int, sample: int):
+    """The block search's k-means draw: ``(rows, start)``, the ``min(N, sample * C)``
+    distinct rows it runs on (int ``[M]``) and the positions among them of its ``C``
+    first centroids (int ``[C]``); :func:`knn_cosine_blocks` and its form over rows on
+    disk (``ncljax.labels.disk``) draw the same."""
     pick, init = jax.random.split(key)
     size = min(num_samples, max(sample * num_clusters, num_clusters))
-    points = unit[jax.random.choice(pick, num_samples, (size,), replace=False)]
-    start = points[jax.random.choice(init, size, (num_clusters,), replace=False)]
-    centroids = lloyd_centroids(points, start, iterations=iterations)
-    return jnp.argsort(nearest_centroid(unit, centroids), stable=True).astype(jnp.int32)
+    chosen = jax.random.choice(pick, num_samples, (size,), replace=False)
+    return chosen, jax.random.choice(init, size, (num_clusters,), replace=False)
 
 
 def nearest_centroid(x: ArrayLike, centroids: ArrayLike, *, rows: int = 4096) -> jax.Array:
@@ -484,26 +521,42 @@ def _knn_block_scan(unit, k, exclude_self, key_chunk, chunk, args):
     rows = start + jnp.arange(chunk, dtype=jnp.int32)
 
     def merge(carry, args):
-        top_sim, top_index = carry
         key, key_start = args
-        columns = key_start + jnp.arange(key_chunk, dtype=jnp.int32)
-        sim = jnp.matmul(query, key.T, precision=_HIGHEST)
-        drop = columns[None, :] >= num_samples  # padding candidates
-        if exclude_self:
-            drop = drop | (rows[:, None] == columns[None, :])
-        sim = jnp.where(drop, -jnp.inf, sim)
-        both = jnp.concatenate([top_sim, sim], axis=1)
-        positions = jnp.concatenate([top_index, jnp.broadcast_to(columns, sim.shape)], axis=1)
-        top_sim, at = lax.top_k(both, k)
-        return (top_sim, jnp.take_along_axis(positions, at, axis=1)), None
+        return merge_top(carry, query, key, key_start, rows, num_samples, exclude_self), None
 
-    init = (
-        jnp.full((chunk, k), -jnp.inf, unit.dtype),
-        jnp.full((chunk, k), num_samples, jnp.int32),
+    (similarity, index), _ = lax.scan(
+        merge, empty_top(chunk, k, num_samples, unit.dtype), (keys, key_starts(num_keys, key_chunk))
     )
-    key_starts = jnp.arange(num_keys, dtype=jnp.int32) * key_chunk
-    (similarity, index), _ = lax.scan(merge, init, (keys, key_starts))
     return similarity, index
+
+
+def key_starts(num_keys: int, key_chunk: int) -> jax.Array:
+    """The first row of each of ``num_keys`` candidate blocks of ``key_chunk`` rows."""
+    return jnp.arange(num_keys, dtype=jnp.int32) * key_chunk
+
+
+def empty_top(rows: int, k: int, num_samples: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """A running top-``k`` that holds nothing yet: similarities ``-inf`` at row ``N``."""
+    return jnp.full((rows, k), -jnp.inf, dtype), jnp.full((rows, k), num_samples, jnp.int32)
+
+
+def merge_top(top, query, key, key_start, rows, num_samples: int, exclude_self: bool):
+    """The running top-``k`` ``top = (similarity, row)`` of the query rows ``rows``
+    (unit ``query``) merged with the candidates ``key`` (unit rows ``key_start + [0,
+    key_chunk)``; those at ``N`` or beyond are padding). A tie keeps the lower row: the
+    running top-``k`` holds only rows below ``key_start``."""
+    top_sim, top_index = top
+    k = top_sim.shape[1]
+    columns = key_start + jnp.arange(key.shape[0], dtype=jnp.int32)
+    sim = jnp.matmul(query, key.T, precision=_HIGHEST)
+    drop = columns[None, :] >= num_samples  # padding candidates
+    if exclude_self:
+        drop = drop | (rows[:, None] == columns[None, :])
+    sim = jnp.where(drop, -jnp.inf, sim)
+    both = jnp.concatenate([top_sim, sim], axis=1)
+    positions = jnp.concatenate([top_index, jnp.broadcast_to(columns, sim.shape)], axis=1)
+    top_sim, at = lax.top_k(both, k)
+    return top_sim, jnp.take_along_axis(positions, at, axis=1)
 
 
 def modal_consistency(
@@ -551,9 +604,26 @@ def modal_consistency(
       UOT-RCL Sec. IV-B1, Eqs. 6-7.
     """
     image, text = _unit_rows(z_image), _unit_rows(z_text)
-    mask = jnp.asarray(confident.mask, dtype=bool)
     index = jnp.asarray(confident.index, dtype=jnp.int32)
-    anchors_image, anchors_text = image[index], text[index]
+    return consistency_rows(
+        image,
+        text,
+        image[index],
+        text[index],
+        confident.mask,
+        den_floor=den_floor,
+        ratio_max=ratio_max,
+        chunk=chunk,
+    )
+
+
+def consistency_rows(
+    image, text, anchors_image, anchors_text, mask, *, den_floor=1e-6, ratio_max=10.0, chunk=None
+):
+    """:func:`modal_consistency` of the unit rows ``image``, ``text`` (``[M, D]``, any ``M``
+    of the ``N`` pairs) against the confident set's unit rows ``anchors_*`` (``[G, D]``)
+    and ``mask``: each row's ratios depend on that row and the anchors only."""
+    mask = jnp.asarray(mask, dtype=bool)
     any_valid = jnp.any(mask)
 
     def ratio(sim_same, sim_other):
@@ -574,8 +644,9 @@ def modal_consistency(
     return lax.map(row, (image, text), batch_size=max(1, chunk))
 
 
-def _neighbour_vote(index: jax.Array, similarity: jax.Array, targets: jax.Array) -> jax.Array:
-    """``[N, K]`` (1/k) sum_j sim[i, j] * targets[index[i, j]], one neighbour slot at a time.
+def neighbour_vote(index: jax.Array, similarity: jax.Array, targets: jax.Array) -> jax.Array:
+    """``[M, K]`` (1/k) sum_j sim[i, j] * targets[index[i, j]], one neighbour slot at a time
+    (``index``, ``similarity``: ``[M, k]``, any ``M`` rows; ``targets``: ``[N, K]``).
 
     A loop over the ``k`` slots keeps memory at ``O(N K)`` instead of the
     ``[N, k, K]`` gather (``32000 * 150 * 200`` floats = 3.8 GB for XMediaNet).
@@ -645,12 +716,29 @@ def consistent_cost(
     index_image, sim_image = knn_image
     index_text, sim_text = knn_text
     targets_image, targets_text = sg(_as_float(targets_image)), sg(_as_float(targets_text))
-    vote_image = _neighbour_vote(
+    vote_image = neighbour_vote(
         jnp.asarray(index_image, jnp.int32), sg(_as_float(sim_image)), targets_image
     )
-    vote_text = _neighbour_vote(
+    vote_text = neighbour_vote(
         jnp.asarray(index_text, jnp.int32), sg(_as_float(sim_text)), targets_text
     )
+    return cost_from_votes(
+        c_image,
+        c_text,
+        vote_image,
+        vote_text,
+        vote_floor=vote_floor,
+        shift=shift,
+        normalise=normalise,
+    )
+
+
+def cost_from_votes(c_image, c_text, vote_image, vote_text, *, vote_floor, shift, normalise):
+    """:func:`consistent_cost` from each pair's two neighbour votes (``[N, K]``, the mean
+    of its neighbours' similarity-weighted targets), so that a search which meets the
+    pairs in another order can vote as it goes (``ncljax.labels.disk``)."""
+    sg = lax.stop_gradient
+    vote_image, vote_text = sg(_as_float(vote_image)), sg(_as_float(vote_text))
     bracket = (
         sg(_as_float(c_image))[:, None] * vote_image + sg(_as_float(c_text))[:, None] * vote_text
     )
