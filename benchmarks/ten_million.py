@@ -98,6 +98,21 @@ def write(folder: str, args) -> float:
             noise = np.random.default_rng((seed + 1, start)).standard_normal(x.shape, np.float32)
             return x @ w + 0.5 * noise
 
+        if args.classes:  # each image's class: the largest of its first C coordinates
+            labels = np.concatenate(
+                [
+                    np.argmax(image_block(a, min(a + chunk, n))[:, : args.classes], axis=1)
+                    for a in range(0, n, chunk)
+                ]
+            ).astype(np.int32)
+            if split == "train":  # observed labels: a share replaced by a random class
+                rng = np.random.default_rng(3)
+                flip = np.flatnonzero(rng.random(n) < args.label_noise)
+                labels[flip] = (labels[flip] + rng.integers(1, args.classes, flip.size)) % (
+                    args.classes
+                )
+                np.save(folder + "_flipped.npy", flip)
+            np.save(vectors.path_of(folder, split, "labels"), labels)
         _write_matrix(vectors.path_of(folder, split, "images"), n, dim, image_block)
         _write_matrix(vectors.path_of(folder, split, "texts"), n, dim, text_block)
         _lines(vectors.path_of(folder, split, "image_ids"), (f"{i}.jpg" for i in range(n)))
@@ -161,6 +176,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--embed_dim", type=int, default=32)
+    parser.add_argument(
+        "--classes",
+        type=int,
+        default=0,
+        help="write class labels (the largest of each image's first C coordinates) for the "
+        "label methods (UOT-RCL), with --label_noise of the training labels wrong",
+    )
+    parser.add_argument("--label_noise", type=float, default=0.2)
     parser.add_argument("--cleanup", action="store_true")
     parser.add_argument(
         "--override",
@@ -169,7 +192,8 @@ def main() -> None:
         help="a config field for the training run, e.g. method_kwargs.warmup_epochs=1",
     )
     args = parser.parse_args()
-    folder = os.path.join(args.dir, f"pairs_{args.pairs}x{args.dim}")
+    classes = f"_c{args.classes}" if args.classes else ""
+    folder = os.path.join(args.dir, f"pairs_{args.pairs}x{args.dim}{classes}")
     seconds = write(folder, args)
     print(
         json.dumps(
@@ -229,11 +253,14 @@ def main() -> None:
             for line in f:
                 row = json.loads(line)
                 score[row["index"]] = row["clean_score"]
-        moved = np.load(folder + "_mismatched.npy")
-        clean = np.ones(args.pairs, bool)
-        clean[moved] = False
-        auc = detection.noise_detection_metrics(score, clean)["noise_auc"]
-        print(json.dumps({"phase": "audit", **out, "audit_auc": auc}), flush=True)
+        # against the moved captions; with labels, also against the wrong labels
+        aucs = {}
+        for name, wrong in (("audit_auc", "_mismatched.npy"), ("audit_auc_labels", "_flipped.npy")):
+            if os.path.exists(folder + wrong):
+                clean = np.ones(args.pairs, bool)
+                clean[np.load(folder + wrong)] = False
+                aucs[name] = detection.noise_detection_metrics(score, clean)["noise_auc"]
+        print(json.dumps({"phase": "audit", **out, **aucs}), flush=True)
     finally:
         if args.cleanup:
             shutil.rmtree(folder, ignore_errors=True)

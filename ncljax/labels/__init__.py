@@ -1,4 +1,5 @@
-"""Correspondence and label estimators (pure JAX, jittable)."""
+"""Correspondence and label estimators (pure JAX, jittable; ``correct_labels_on_disk``
+and ``neighbour_votes`` are host loops over jitted pieces, for embeddings on disk)."""
 
 from ncljax.labels.correction import (
     ConfidentSet,
@@ -14,6 +15,7 @@ from ncljax.labels.correction import (
     relation_scores,
     update_targets,
 )
+from ncljax.labels.disk import correct_labels_on_disk, neighbour_votes
 from ncljax.labels.gmm import (
     DivisionCheck,
     GaussianMixture1D,
@@ -121,6 +123,7 @@ __all__ = [
     "confident_set",
     "consistent_cost",
     "correct_labels",
+    "correct_labels_on_disk",
     "correspondence_prediction",
     "degenerate_division",
     "division_signals",
@@ -148,6 +151,7 @@ __all__ = [
     "minmax_normalize",
     "modal_consistency",
     "ms_selection_probs",
+    "neighbour_votes",
     "no_noise",
     "noise_share",
     "noisy_margin",

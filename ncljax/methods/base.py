@@ -301,6 +301,8 @@ class RefreshContext(NamedTuple):
       rng: a key for this refresh.
       fetch: ``fetch(indices) -> batch`` returns training pairs by index as a device
         batch (e.g. to keep the raw features of a confident set in memory).
+      scratch: a directory for the refresh's temporary files (the method's
+        ``disk_stats`` are there; emptied after the refresh), or ``None``.
       held_out: ``held_out() -> float or None``, the validation split's estimated share
         of pairs whose image ranks no better than a random one's under the current model
         (``ncljax.train.evaluator.held_out_share``; computed when first called), or
@@ -313,6 +315,7 @@ class RefreshContext(NamedTuple):
     rng: Array
     fetch: Callable[[Any], dict[str, Array]]
     held_out: Callable[[], float | None] | None = None
+    scratch: str | None = None
 
 
 class EpochPlan(NamedTuple):
@@ -451,6 +454,10 @@ class Method(NamedTuple):
       stats_fn: per-example statistics for ``refresh_fn``, or ``None``.
       stats_rows: the memory rows ``stats_fn`` reads (``stats_fn(outputs, batch,
         rows)``); empty: ``stats_fn(outputs, batch)``.
+      disk_stats: the statistics the trainer writes to files instead of holding them in
+        device memory (``refresh_fn`` gets them as read-only memory-mapped numpy arrays,
+        to read in chunks): per-pair statistics too large to hold for every pair, such
+        as UOT-RCL's embeddings at ``10^7`` pairs.
       plan_fn: ``epoch -> EpochPlan``.
       clean_score_fn: ``memory -> [N]`` the method's estimate that each pair is clean, for
         noise-detection diagnostics; ``None`` when the method has none.
@@ -489,6 +496,7 @@ class Method(NamedTuple):
     refresh_fn: Callable[..., tuple[Memory, dict]] | None = None
     stats_fn: Callable[..., dict] | None = None
     stats_rows: tuple[str, ...] = ()
+    disk_stats: tuple[str, ...] = ()
     plan_fn: Callable[[int], EpochPlan] = lambda epoch: EpochPlan()
     clean_score_fn: Callable[[Memory], Array] | None = None
     label_estimate_fn: Callable[[Memory], tuple[Array, Array]] | None = None

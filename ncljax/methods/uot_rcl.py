@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ncljax import losses, models
-from ncljax.labels import correction, ot
+from ncljax.labels import correction, disk, ot
 from ncljax.labels import uot_rcl as uot_rcl_labels
 from ncljax.methods import base, baselines, settings
 
@@ -101,6 +101,11 @@ class Settings(NamedTuple):
         embeddings, ``benchmarks/RESULTS.md``) [ncljax; the paper searches exactly].
       knn_block: rows per block of the approximate search (1024).
       knn_probes: blocks each block searches (16).
+      embeddings: where the refresh keeps every pair's embeddings: ``'device'`` (in
+        memory, ``2 N D`` floats and their copies: 60 GB at ``10^7`` pairs of 256
+        dimensions) or ``'disk'`` (files in the run's workdir, read ``knn_chunk`` rows at
+        a time: the refresh's memory grows with ``N K``, not ``N D``;
+        ``ncljax.labels.disk``, the same labels to round-off) [ncljax].
       num_networks: 1 (UOT-RCL trains one network).
     """
 
@@ -131,6 +136,7 @@ class Settings(NamedTuple):
     knn: str = "exact"
     knn_block: int = 1024
     knn_probes: int = 16
+    embeddings: str = "device"
     num_networks: int = 1
 
 
@@ -162,6 +168,7 @@ CHECKS = {
     "knn": settings.one_of("exact", "blocks"),
     "knn_block": settings.POSITIVE_INT,
     "knn_probes": settings.POSITIVE_INT,
+    "embeddings": settings.one_of("device", "disk"),
     "num_networks": settings.NUM_NETWORKS,
 }
 
@@ -186,6 +193,9 @@ _ANCHOR_ROWS = {
 _GLOBAL_INPUTS = (("global_image",), ("global_text",))
 # Above this many training pairs the first refresh notes the exact search's cost.
 EXACT_SEARCH_WARNING = 100_000
+# Above this many bytes of embeddings (both modalities) the first refresh notes
+# ``embeddings='disk'``.
+EMBEDDINGS_WARNING = 2 * 1024**3
 
 
 def _empty_anchors(info, g: int, fields) -> dict[str, jax.Array]:
@@ -394,29 +404,55 @@ def stats(s: Settings, outputs, batch) -> dict:
     }
 
 
+def _correction_options(s: Settings) -> dict:
+    """The settings as ``labels.correct_labels``' keyword arguments."""
+    return dict(
+        per_class=s.per_class,
+        neighbours=s.neighbours,
+        momentum=s.momentum,
+        epsilon=s.label_epsilon,
+        corner=s.label_corner * s.label_epsilon,
+        threshold=s.label_threshold,
+        max_iterations=s.label_max_iterations,
+        confident=s.confident,
+        exclude_self=s.exclude_self,
+        vote_normalise=s.vote_normalise,
+        knn_chunk=s.knn_chunk,
+        knn_key_chunk=s.knn_key_chunk,
+        knn=s.knn,
+        knn_block=s.knn_block,
+        knn_probes=s.knn_probes,
+    )
+
+
 def estimator(s: Settings) -> Callable:
     """:func:`_estimate` with the settings bound, jitted:
     ``(samples, class_marginal, stats, mass, key) -> (samples, confident set, OT result)``."""
-    return jax.jit(
-        functools.partial(
-            _estimate,
-            per_class=s.per_class,
-            neighbours=s.neighbours,
-            momentum=s.momentum,
-            epsilon=s.label_epsilon,
-            corner=s.label_corner * s.label_epsilon,
-            threshold=s.label_threshold,
-            max_iterations=s.label_max_iterations,
-            confident=s.confident,
-            exclude_self=s.exclude_self,
-            vote_normalise=s.vote_normalise,
-            knn_chunk=s.knn_chunk,
-            knn_key_chunk=s.knn_key_chunk,
-            knn=s.knn,
-            knn_block=s.knn_block,
-            knn_probes=s.knn_probes,
-        )
+    return jax.jit(functools.partial(_estimate, **_correction_options(s)))
+
+
+def _estimate_on_disk(s: Settings, samples, class_marginal, stats, mass, key, scratch):
+    """:func:`_estimate` with the embeddings in files (``embeddings='disk'``)."""
+    fixed = disk.correct_labels_on_disk(
+        stats["z_image"],
+        stats["z_text"],
+        stats["logits_image"],
+        stats["logits_text"],
+        samples["targets_image"],
+        samples["targets_text"],
+        class_marginal,
+        mass=mass,
+        key=key,
+        scratch=scratch,
+        **_correction_options(s),
     )
+    samples = dict(
+        samples,
+        targets_image=fixed.targets_image,
+        targets_text=fixed.targets_text,
+        labels=fixed.ot.labels,
+    )
+    return samples, fixed.confident_set, fixed.ot
 
 
 def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = None):
@@ -446,6 +482,16 @@ def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = N
             "nearby pairs only (6 s at 10^5 pairs, recall 0.98).",
             num_pairs,
         )
+    held = 4 * num_pairs * stats["z_image"].shape[1] * 2  # both modalities, float32
+    if s.embeddings == "device" and held > EMBEDDINGS_WARNING and ctx.epoch == s.warmup_epochs:
+        logging.warning(
+            "uot_rcl: the refresh holds the embeddings of all %d training pairs in memory "
+            "(%.1f GB for both modalities, several times over while it searches). "
+            "method_kwargs.embeddings='disk' keeps them in files in the workdir and reads "
+            "them in chunks.",
+            num_pairs,
+            held / 1e9,
+        )
     estimate_fn = estimator(s) if estimate_fn is None else estimate_fn
     mass = ot.mass_schedule(
         ctx.epoch,
@@ -454,9 +500,14 @@ def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = N
         start=s.mass_start,
         end=s.mass_end,
     )
-    samples, confident_set, result = estimate_fn(
-        memory.samples, memory.state["class_marginal"], stats, mass, ctx.rng
-    )
+    if s.embeddings == "disk":
+        samples, confident_set, result = _estimate_on_disk(
+            s, memory.samples, memory.state["class_marginal"], stats, mass, ctx.rng, ctx.scratch
+        )
+    else:
+        samples, confident_set, result = estimate_fn(
+            memory.samples, memory.state["class_marginal"], stats, mass, ctx.rng
+        )
     fetched = ctx.fetch(np.asarray(confident_set.index))
     state = dict(memory.state)
     for field, key in ANCHOR_KEYS.items():
@@ -464,9 +515,10 @@ def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = N
             state[key] = jnp.asarray(fetched[field], state[key].dtype)
     state["anchor_mask"] = confident_set.mask
     if s.anchors == "snapshot":
+        index = np.asarray(confident_set.index)
         state.update(
-            anchor_z_image=stats["z_image"][confident_set.index],
-            anchor_z_text=stats["z_text"][confident_set.index],
+            anchor_z_image=jnp.asarray(disk.read_rows(stats["z_image"], index)),
+            anchor_z_text=jnp.asarray(disk.read_rows(stats["z_text"], index)),
         )
     if not bool(result.converged):
         logging.warning(
@@ -510,6 +562,7 @@ def bind(s: Settings, model_config=None) -> base.Method:
         sys.modules[__name__],
         s,
         init_memory=functools.partial(init_memory, s, fields=fields),
+        disk_stats=("z_image", "z_text") if s.embeddings == "disk" else (),
         refresh_fn=functools.partial(refresh, s, estimate_fn=estimator(s)),
         label_estimate_fn=label_estimate,
         verdict=VERDICT,

@@ -246,6 +246,7 @@ def _train(run, graphdef, initial: list, evaluator, mesh, workdir, callbacks):
         config,
         num_epochs,
         held_out=lambda state: _held_out_share(evaluator, state, validated),
+        scratch=os.path.join(workdir, "scratch"),
     )
     with jax.set_mesh(mesh):
         for epoch in range(progress.epoch, num_epochs):

@@ -4,10 +4,13 @@ network's ``refresh_fn``."""
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from ncljax import backend
 from ncljax.data import pipeline
@@ -35,10 +38,18 @@ class Refresher:
     The statistics pass is an eval-mode forward over the training pairs in batches of the
     training size, in a fresh shuffle each epoch (in-batch quantities such as a loss
     against the other pairs, or a ``B``-class evidence, then mean what they mean in
-    training); the results are scattered back to index order and replicated.
+    training); the results are scattered back to index order and replicated. The
+    statistics the method names in ``disk_stats`` go to ``.npy`` files in ``scratch``
+    instead (written a batch at a time, handed to ``refresh_fn`` memory-mapped, deleted
+    after the refresh).
     """
 
-    def __init__(self, graphdef, method, pairs, mesh, config, num_epochs, held_out=None):
+    def __init__(
+        self, graphdef, method, pairs, mesh, config, num_epochs, held_out=None, scratch=None
+    ):
+        if method.disk_stats and scratch is None:
+            raise ValueError(f"{method.name} keeps statistics on disk: give a scratch directory.")
+        self._scratch = scratch
         self._held_out = held_out  # (state) -> float or None: the validation split's share
         self._method = method
         self._pairs = pairs
@@ -79,18 +90,37 @@ class Refresher:
             seed=seed,
             num_threads=cfg.data.num_threads,
         )
+        files = {}
         with pipeline.reading(dataset) as batches:
             for batch in batches:
                 device_batch = pipeline.to_device(batch, mesh_lib.batch_sharding(self._mesh))
                 values = self._stats(
                     state.params, state.model_state, device_batch, state.memory.state, read
                 )
+                values, on_disk = _split(values, self._method.disk_stats)
                 if buffers is None:
                     buffers = jax.tree.map(
                         lambda v: jnp.zeros((v.shape[0], n, *v.shape[2:]), v.dtype), values
                     )
+                    files = {name: self._open(name, v, n) for name, v in on_disk.items()}
                 buffers = self._scatter(buffers, device_batch["index"], values)
-        return buffers
+                index = np.asarray(batch["index"])
+                real = index < n  # padding rows carry index N
+                for name, v in on_disk.items():
+                    files[name][:, index[real]] = _host(v)[:, real]
+        for f in files.values():
+            f.flush()
+        return buffers, files
+
+    def _open(self, name, value, n):
+        """A ``[K, N, ...]`` ``.npy`` file in the scratch directory for the statistic ``name``."""
+        os.makedirs(self._scratch, exist_ok=True)
+        return np.lib.format.open_memmap(
+            os.path.join(self._scratch, f"stats_{name}.npy"),
+            mode="w+",
+            dtype=value.dtype,
+            shape=(value.shape[0], n, *value.shape[2:]),
+        )
 
     def _fetch(self, indices) -> dict[str, jax.Array]:
         records = [self._pairs.record_fn(int(i)) for i in np.asarray(indices)]
@@ -101,7 +131,9 @@ class Refresher:
         method = self._method
         if method.refresh_fn is None:
             return state, {}
-        stats = self._collect_stats(state, epoch) if method.stats_fn is not None else None
+        stats, files = None, {}
+        if method.stats_fn is not None:
+            stats, files = self._collect_stats(state, epoch)
         num_networks = jax.tree.leaves(state.params)[0].shape[0]
         key = jax.random.fold_in(jax.random.fold_in(state.rng, step_lib.REFRESH_STREAM), epoch)
         memory, diagnostics = state.memory, {}
@@ -117,12 +149,13 @@ class Refresher:
                 rng=jax.random.fold_in(key, k),
                 fetch=self._fetch,
                 held_out=held_out,
+                scratch=self._scratch,
             )
-            new, diag = method.refresh_fn(
-                state_lib.network(memory, k),
-                None if stats is None else state_lib.network(stats, k),
-                ctx,
-            )
+            rows = None
+            if stats is not None:  # the files' rows of network k: views, read when used
+                rows = {**state_lib.network(stats, k), **{n: f[k] for n, f in files.items()}}
+            new, diag = method.refresh_fn(state_lib.network(memory, k), rows, ctx)
+            del rows
             _check_rows(memory, new, k)
             # one network's new rows at a time, into the old memory's buffers: the refresh
             # holds the memory once plus a network's rows, not old + new + their stack
@@ -130,7 +163,26 @@ class Refresher:
             del new
             suffix = f"_net{k}" if num_networks > 1 else ""
             diagnostics.update({f"{name}{suffix}": float(v) for name, v in diag.items()})
+        if files:
+            del files
+            shutil.rmtree(self._scratch, ignore_errors=True)
         return state._replace(memory=memory), diagnostics
+
+
+def _split(values: dict, names) -> tuple[dict, dict]:
+    """The statistics a batch computed: those kept on the device, those ``names`` for disk."""
+    return (
+        {n: v for n, v in values.items() if n not in names},
+        {n: v for n, v in values.items() if n in names},
+    )
+
+
+def _host(value: jax.Array) -> np.ndarray:
+    """A batch's statistic on this host, whole (gathered from every process where the
+    batch is spread over several)."""
+    if value.is_fully_addressable:
+        return np.asarray(value)
+    return np.asarray(multihost_utils.process_allgather(value))
 
 
 def _check_rows(memory, new, k: int) -> None:

@@ -364,6 +364,71 @@ def test_block_search_searching_every_block_gives_the_exact_refresh(labelled, ca
         methods.build_method("uot_rcl", {"knn": "approximate"})
 
 
+@pytest.mark.parametrize("anchors", ["current", "snapshot"])
+@pytest.mark.parametrize("knn", ["exact", "blocks"])
+def test_embeddings_on_disk_give_the_refresh_in_memory(labelled, tmp_path, knn, anchors, caplog):
+    """``embeddings='disk'``: the trainer hands the refresh its embeddings as memory-mapped
+    files (``disk_stats``) and the refresh reads them a chunk at a time; the new memory is
+    the in-memory refresh's. Above ``EMBEDDINGS_WARNING`` bytes the in-memory refresh
+    names the switch."""
+    info, pairs, _ = labelled
+    kwargs = {"neighbours": 5, "per_class": 2, "knn": knn, "knn_block": 16, "knn_probes": 2}
+    kwargs |= {"anchors": anchors, "knn_chunk": 24}
+    device = methods.build_method("uot_rcl", kwargs)
+    on_disk = methods.build_method("uot_rcl", kwargs | {"embeddings": "disk"})
+    assert device.disk_stats == () and on_disk.disk_stats == ("z_image", "z_text")
+    warn_above = mock.patch.object(uot_rcl, "EMBEDDINGS_WARNING", pairs.num_records * 8 * 8 - 1)
+    with warn_above, caplog.at_level(logging.WARNING):
+        want, _, stats = _main_memory(device, info, pairs, jax.random.key(0))
+    assert "method_kwargs.embeddings='disk' keeps them in files" in caplog.text
+    caplog.clear()
+    files = {}
+    for name in on_disk.disk_stats:
+        np.save(tmp_path / f"{name}.npy", np.asarray(stats[name]))
+        files[name] = np.load(tmp_path / f"{name}.npy", mmap_mode="r")
+    ctx = base.InitContext(pairs.num_records, info, pairs.labels_image, pairs.labels_text, 8)
+    records = [pairs.record_fn(i) for i in range(pairs.num_records)]
+
+    def fetch(index):
+        return {f: jnp.asarray(np.stack([records[i][f] for i in index])) for f in records[0]}
+
+    refresh = base.RefreshContext(2, 10, 0, jax.random.key(1), fetch, scratch=str(tmp_path))
+    with warn_above, caplog.at_level(logging.WARNING):
+        got, _ = on_disk.refresh_fn(on_disk.init_memory(ctx), stats | files, refresh)
+    assert "embeddings='disk'" not in caplog.text
+    flat_got = jax.tree_util.tree_leaves_with_path(got)
+    flat_want = jax.tree.leaves(want)
+    assert len(flat_got) == len(flat_want)
+    for (path, a), b in zip(flat_got, flat_want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(path))
+
+
+@pytest.mark.heavy
+def test_a_run_with_embeddings_on_disk_is_the_run_in_memory(tmp_path, devices):
+    """The trainer writes the statistics pass's embeddings to ``workdir/scratch`` (here
+    from a batch spread over 2 devices), the refresh reads them there, and the scratch
+    directory is gone after it: the run logs what the in-memory run on 1 device logs."""
+
+    def run(name, num_devices, **kwargs):
+        config = load_config("uot_rcl", "synthetic,quick")
+        config.data.num_train, config.data.num_val, config.data.num_test = 120, 20, 20
+        config.train.epochs, config.method_kwargs.warmup_epochs = 2, 1
+        config.method_kwargs.update(neighbours=5, knn_chunk=32, **kwargs)
+        config.train.num_devices, config.train.progress_bar = num_devices, False
+        workdir = str(tmp_path / name)
+        train_and_evaluate(config, workdir)
+        assert not os.path.exists(os.path.join(workdir, "scratch"))
+        return [r for r in _read(workdir) if r.get("split") in ("refresh", "val")]
+
+    want = run("device", 1)
+    got = run("disk", 2, embeddings="disk")
+    assert [r["split"] for r in got] == [r["split"] for r in want] and len(got) == 3
+    for a, b in zip(got, want, strict=True):
+        for key in ("selected_fraction", "transported_mass", "confident_pairs", "map_i2t"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
 def test_block_search_settings_hold_for_every_number_of_pairs(labelled):
     """More neighbours than a block search is sure to search are refused when the method
     is built, in one line naming the fields; what it accepts refreshes at any ``N``: 40

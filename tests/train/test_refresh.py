@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ncljax.methods import base
 from ncljax.train import mesh as mesh_lib
 from ncljax.train.refresh import Refresher
 
@@ -33,7 +34,9 @@ def _refresh_fn(memory, stats, ctx):
 
 def _refresher(num_devices, refresh_fn=_refresh_fn):
     mesh = mesh_lib.make_mesh(num_devices)
-    method = types.SimpleNamespace(refresh_fn=refresh_fn, stats_fn=None, stats_rows=())
+    method = types.SimpleNamespace(
+        refresh_fn=refresh_fn, stats_fn=None, stats_rows=(), disk_stats=()
+    )
     return Refresher(None, method, None, mesh, None, num_epochs=5), mesh
 
 
@@ -79,3 +82,64 @@ def test_a_refresh_that_changes_its_memory_dtype_is_refused():
     refresh, mesh = _refresher(1, widened)
     with pytest.raises(ValueError, match="refresh_fn returned network 0's memory"):
         refresh(_state(mesh), epoch=1)
+
+
+@pytest.mark.parametrize("num_devices", [1, 8])
+def test_disk_statistics_reach_the_refresh_as_files_and_are_deleted(tmp_path, num_devices):
+    """A method's ``disk_stats`` are written row by row, from batches spread over the
+    devices, to ``.npy`` files in the scratch directory; ``refresh_fn`` reads each
+    network's rows there (the rest stays on the device), and the files are gone after."""
+    mesh = mesh_lib.make_mesh(num_devices)
+    x = np.random.default_rng(1).normal(size=(N, 3)).astype(np.float32)
+    seen = {}
+
+    def record_fn(i):
+        return {"x": x[i], "index": np.int32(i), "mask": np.bool_(True)}
+
+    def refresh_fn(memory, stats, ctx):
+        seen[ctx.network] = (
+            type(stats["z"]),
+            np.array(stats["z"]),
+            np.asarray(stats["s"]),
+            sorted(p.name for p in tmp_path.joinpath("scratch").iterdir()),
+        )
+        return memory, {}
+
+    method = types.SimpleNamespace(
+        name="fake",
+        refresh_fn=refresh_fn,
+        stats_fn=lambda outputs, batch: {},
+        stats_rows=(),
+        disk_stats=("z",),
+        forward_fn=None,
+    )
+    config = types.SimpleNamespace(
+        seed=0,
+        train=types.SimpleNamespace(batch_size=16),  # 40 pairs: the last batch padded
+        data=types.SimpleNamespace(num_threads=1),
+    )
+    pairs = types.SimpleNamespace(record_fn=record_fn, num_records=N)
+    refresh = Refresher(
+        None, method, pairs, mesh, config, num_epochs=5, scratch=str(tmp_path / "scratch")
+    )
+
+    def stats(params, model_state, batch, memory_state, read):  # 2 networks' statistics
+        k = jnp.arange(2.0)[:, None, None]
+        return {"z": batch["x"][None] * (k + 2), "s": batch["x"][None, :, 0] + k[..., 0]}
+
+    refresh._stats = jax.jit(stats)
+    rows = np.zeros((2, N, 3), np.float32)
+    memory = mesh_lib.replicate(base.Memory(samples={"rows": rows}, state={}), mesh)
+    state = types.SimpleNamespace(
+        params={"w": jnp.zeros((2, 1))}, model_state={}, rng=jax.random.key(0), memory=memory
+    )
+    state._replace = lambda **kw: state
+    refresh(state, epoch=1)
+    for k in range(2):
+        kind, z, s, files = seen[k]
+        assert issubclass(kind, np.memmap) and files == ["stats_z.npy"]
+        np.testing.assert_allclose(z, x * (k + 2), rtol=1e-6)
+        np.testing.assert_allclose(s, x[:, 0] + k, rtol=1e-6)
+    assert not tmp_path.joinpath("scratch").exists()
+    with pytest.raises(ValueError, match="keeps statistics on disk: give a scratch"):
+        Refresher(None, method, pairs, mesh, config, num_epochs=5)
