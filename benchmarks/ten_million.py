@@ -4,13 +4,18 @@ r"""A web-scale vectors folder trained, divided and audited on one machine.
   python benchmarks/ten_million.py --pairs=100000 --dir=/tmp/bench        # a quick check
   python benchmarks/ten_million.py --pairs=1000000 --method=ncr \
       --override=method_kwargs.warmup_epochs=1                            # NCR: one co-divide
+  python benchmarks/ten_million.py --pairs=1000000 --method=uot_rcl --classes=10 \
+      --override=method_kwargs.warmup_epochs=1 --override=method_kwargs.knn=blocks \
+      --override=method_kwargs.embeddings=disk                            # UOT-RCL
 
 Writes ``--dir/pairs_<N>x<dim>/`` (``ncljax.data.vectors``'s layout, float16): image vectors
 ``x ~ N(0, I)`` and caption vectors ``t = x W + 0.5 e`` (a fixed random ``W``, fresh noise
 ``e``), with ``--mismatched`` of the training captions moved to another image beforehand
 (to another image of the same 65,536-row chunk; their indices saved beside the folder
 as ``<folder>_mismatched.npy``), val and test of
-``--eval_images`` clean pairs. Writing streams in chunks: memory stays bounded.
+``--eval_images`` clean pairs. With ``--classes=C`` each image also gets a class (the
+largest of its first ``C`` coordinates), ``--label_noise`` of the training labels replaced
+by another class (their indices in ``<folder>_flipped.npy``), for the label methods. Writing streams in chunks: memory stays bounded.
 
 Then runs, each in its own process under ``/usr/bin/time`` (wall time and peak resident
 memory, the mapped folder's pages included; and the peak of the process's own anonymous
@@ -23,7 +28,7 @@ memory, sampled from ``/proc``), the user's path with a small model (``--hidden`
   trainer's ``refresh_seconds``: the statistics pass and the division, compilation
   included);
 * ``audit``: ``python -m ncljax.audit`` over every training pair, and the AUC of its
-  ``clean_score`` against ``mismatched.npy``.
+  ``clean_score`` against ``mismatched.npy`` (and against ``flipped.npy``, where written).
 
 Prints one JSON line per phase. The folder is reused by later runs of the same size;
 ``--cleanup`` deletes it (and the run) at the end.
