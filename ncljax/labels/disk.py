@@ -25,14 +25,23 @@ agree to round-off (``tests/labels/test_disk.py``).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ncljax.labels import correction, ot
-from ncljax.labels.uot_rcl import LabelCorrection, _refuse_non_finite
+from ncljax.labels.uot_rcl import LabelCorrection, _refuse_non_finite, check_options, correct_labels
+
+# correct_labels' keyword arguments and defaults, which correct_labels_on_disk takes too
+_OPTIONS = {
+    name: p.default
+    for name, p in inspect.signature(correct_labels).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("mass", "key")
+}
 
 
 def read_rows(z, index) -> np.ndarray:
@@ -334,37 +343,21 @@ def correct_labels_on_disk(
     mass,
     key: jax.Array | None = None,
     scratch: str | None = None,
-    per_class: int = 5,
-    neighbours: int = 10,
-    momentum: float = 0.99,
-    epsilon: float = 0.05,
-    corner: float | None = None,
-    threshold: float = 1e-6,
-    max_iterations: int = 5000,
-    confident: str = "jsd",
-    exclude_self: bool = True,
-    vote_normalise: bool = True,
-    knn_chunk: int = 2048,
-    knn_key_chunk: int | None = None,
-    knn: str = "exact",
-    knn_block: int = 1024,
-    knn_probes: int = 16,
+    **options,
 ) -> LabelCorrection:
     """:func:`ncljax.labels.uot_rcl.correct_labels` with ``z_image``, ``z_text`` ``[N, D]``
     on the host (memory-mapped files), read ``knn_chunk`` rows at a time: the same
-    arguments, the same result to round-off; ``scratch`` is a directory for the block
-    search's rows in block order (``knn='blocks'``).
+    arguments (``options``: its keyword arguments, with its defaults), the same result to
+    round-off; ``scratch`` is a directory for the block search's rows in block order
+    (``knn='blocks'``).
 
     Not jittable (a host loop over chunks of jitted pieces).
     """
-    if confident not in ("jsd", "random"):
-        raise ValueError(f"confident must be 'jsd' or 'random', got {confident!r}.")
-    if confident == "random" and key is None:
-        raise ValueError("confident='random' needs a key.")
-    if knn not in ("exact", "blocks"):
-        raise ValueError(f"knn must be 'exact' or 'blocks', got {knn!r}.")
-    if knn == "blocks" and key is None:
-        raise ValueError("knn='blocks' needs a key (its k-means draws rows and centroids).")
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"correct_labels_on_disk() got unknown arguments {unknown}.")
+    o = types.SimpleNamespace(**(_OPTIONS | options))
+    check_options(o.confident, o.knn, key)
     if z_image.shape != z_text.shape or len(z_image.shape) != 2:
         raise ValueError(
             f"z_image and z_text must be [N, D] of one shape, got {z_image.shape} and "
@@ -379,12 +372,12 @@ def correct_labels_on_disk(
         jnp.asarray(targets_image, jnp.float32),
         jnp.asarray(targets_text, jnp.float32),
         key,
-        per_class=per_class,
-        confident=confident,
-        momentum=momentum,
+        per_class=o.per_class,
+        confident=o.confident,
+        momentum=o.momentum,
     )
     num_samples = z_image.shape[0]
-    chunk = max(1, min(knn_chunk, num_samples))
+    chunk = max(1, min(o.knn_chunk, num_samples))
     index = np.asarray(confident_set.index)
     anchors_image = _unit(read_rows(z_image, index))
     anchors_text = _unit(read_rows(z_text, index))
@@ -400,13 +393,13 @@ def correct_labels_on_disk(
         c_text[start:stop] = np.asarray(ratio_text)[: stop - start]
     search = functools.partial(
         neighbour_votes,
-        k=neighbours,
-        knn=knn,
-        exclude_self=exclude_self,
+        k=o.neighbours,
+        knn=o.knn,
+        exclude_self=o.exclude_self,
         chunk=chunk,
-        key_chunk=knn_key_chunk,
-        block=knn_block,
-        probes=knn_probes,
+        key_chunk=o.knn_key_chunk,
+        block=o.knn_block,
+        probes=o.knn_probes,
         scratch=scratch,
     )
     side_key = (lambda side: None) if key is None else functools.partial(jax.random.fold_in, key)
@@ -419,10 +412,10 @@ def correct_labels_on_disk(
         vote_text,
         jnp.asarray(class_marginal, jnp.float32),
         mass,
-        normalise=vote_normalise,
-        epsilon=epsilon,
-        corner=corner,
-        threshold=threshold,
-        max_iterations=max_iterations,
+        normalise=o.vote_normalise,
+        epsilon=o.epsilon,
+        corner=o.corner,
+        threshold=o.threshold,
+        max_iterations=o.max_iterations,
     )
     return LabelCorrection(result.labels, new_image, new_text, confident_set, result)

@@ -120,23 +120,16 @@ def correct_labels(
     _refuse_non_finite(
         z_image=z_image, z_text=z_text, logits_image=logits_image, logits_text=logits_text
     )
+    check_options(confident, knn, key)
     p_image = jax.nn.softmax(jnp.asarray(logits_image), -1)
     p_text = jax.nn.softmax(jnp.asarray(logits_text), -1)
     num_samples, num_classes = p_image.shape
     if confident == "jsd":
         confident_set = correction.confident_set(p_image, p_text, per_class=per_class)
-    elif confident == "random":
-        if key is None:
-            raise ValueError("confident='random' needs a key.")
+    else:
         confident_set = correction.random_confident_set(
             key, num_samples, num_classes=num_classes, per_class=per_class
         )
-    else:
-        raise ValueError(f"confident must be 'jsd' or 'random', got {confident!r}.")
-    if knn not in ("exact", "blocks"):
-        raise ValueError(f"knn must be 'exact' or 'blocks', got {knn!r}.")
-    if knn == "blocks" and key is None:
-        raise ValueError("knn='blocks' needs a key (its k-means draws rows and centroids).")
     # Eq. 9, before the cost: the prototype argmax of z_v + z_t is the argmax of the summed
     # logits (mu_k . z / tau_1 with tau_1 > 0).
     scores = jnp.asarray(logits_image) + jnp.asarray(logits_text)
@@ -177,3 +170,16 @@ def correct_labels(
         max_iterations=max_iterations,
     )
     return LabelCorrection(result.labels, new_image, new_text, confident_set, result)
+
+
+def check_options(confident: str, knn: str, key) -> None:
+    """One error for an unknown confident set or neighbour search, or one without the key
+    it draws with."""
+    if confident not in ("jsd", "random"):
+        raise ValueError(f"confident must be 'jsd' or 'random', got {confident!r}.")
+    if confident == "random" and key is None:
+        raise ValueError("confident='random' needs a key.")
+    if knn not in ("exact", "blocks"):
+        raise ValueError(f"knn must be 'exact' or 'blocks', got {knn!r}.")
+    if knn == "blocks" and key is None:
+        raise ValueError("knn='blocks' needs a key (its k-means draws rows and centroids).")

@@ -433,26 +433,10 @@ def estimator(s: Settings) -> Callable:
 
 def _estimate_on_disk(s: Settings, samples, class_marginal, stats, mass, key, scratch):
     """:func:`_estimate` with the embeddings in files (``embeddings='disk'``)."""
-    fixed = disk.correct_labels_on_disk(
-        stats["z_image"],
-        stats["z_text"],
-        stats["logits_image"],
-        stats["logits_text"],
-        samples["targets_image"],
-        samples["targets_text"],
-        class_marginal,
-        mass=mass,
-        key=key,
-        scratch=scratch,
-        **_correction_options(s),
+    correct = functools.partial(disk.correct_labels_on_disk, scratch=scratch)
+    return _estimate(
+        samples, class_marginal, stats, mass, key, correct=correct, **_correction_options(s)
     )
-    samples = dict(
-        samples,
-        targets_image=fixed.targets_image,
-        targets_text=fixed.targets_text,
-        labels=fixed.ot.labels,
-    )
-    return samples, fixed.confident_set, fixed.ot
 
 
 def refresh(s: Settings, memory, stats, ctx, *, estimate_fn: Callable | None = None):
@@ -609,32 +593,13 @@ def _marginal(labels_image, labels_text, num_classes: int, kind: str) -> jax.Arr
     return jnp.asarray(counts / counts.sum(), jnp.float32)
 
 
-def _estimate(
-    samples,
-    class_marginal,
-    stats,
-    mass,
-    key,
-    *,
-    per_class,
-    neighbours,
-    momentum,
-    epsilon,
-    corner,
-    threshold,
-    max_iterations,
-    confident,
-    exclude_self,
-    vote_normalise,
-    knn_chunk,
-    knn_key_chunk,
-    knn,
-    knn_block,
-    knn_probes,
-):
-    """The per-epoch estimation on device (``ncljax.labels.uot_rcl.correct_labels``):
-    ``(samples with the new targets and labels, confident set, partial-OT output)``."""
-    fixed = uot_rcl_labels.correct_labels(
+def _estimate(samples, class_marginal, stats, mass, key, *, correct=None, **options):
+    """The per-epoch estimation (``correct``: ``ncljax.labels.uot_rcl.correct_labels``, on
+    device, or ``ncljax.labels.disk.correct_labels_on_disk``; ``options``: its keyword
+    arguments): ``(samples with the new targets and labels, confident set, partial-OT
+    output)``."""
+    correct = uot_rcl_labels.correct_labels if correct is None else correct
+    fixed = correct(
         stats["z_image"],
         stats["z_text"],
         stats["logits_image"],
@@ -644,25 +609,12 @@ def _estimate(
         class_marginal,
         mass=mass,
         key=key,
-        per_class=per_class,
-        neighbours=neighbours,
-        momentum=momentum,
-        epsilon=epsilon,
-        corner=corner,
-        threshold=threshold,
-        max_iterations=max_iterations,
-        confident=confident,
-        exclude_self=exclude_self,
-        vote_normalise=vote_normalise,
-        knn_chunk=knn_chunk,
-        knn_key_chunk=knn_key_chunk,
-        knn=knn,
-        knn_block=knn_block,
-        knn_probes=knn_probes,
+        **options,
     )
-    targets_image, targets_text, result = fixed.targets_image, fixed.targets_text, fixed.ot
-    confident_set = fixed.confident_set
     samples = dict(
-        samples, targets_image=targets_image, targets_text=targets_text, labels=result.labels
+        samples,
+        targets_image=fixed.targets_image,
+        targets_text=fixed.targets_text,
+        labels=fixed.ot.labels,
     )
-    return samples, confident_set, result
+    return samples, fixed.confident_set, fixed.ot

@@ -155,3 +155,14 @@ def test_bad_input_is_one_error(tmp_path, world):
         disk.neighbour_votes(world[0], targets, k=3, knn="ivf")
     with pytest.raises(ValueError, match="needs a key and a scratch"):
         disk.neighbour_votes(world[0], targets, k=3, knn="blocks")
+
+
+def test_correct_labels_on_disk_takes_correct_labels_arguments_only(world):
+    z_image, z_text, logits_image, logits_text, observed = world
+    args = (z_image, z_text, logits_image, logits_text, observed, observed, jnp.full(4, 0.25))
+    with pytest.raises(TypeError, match=r"unknown arguments \['neighbors'\]"):
+        disk.correct_labels_on_disk(*args, mass=0.5, neighbors=5)
+    with pytest.raises(ValueError, match="knn='blocks' needs a key"):
+        disk.correct_labels_on_disk(*args, mass=0.5, knn="blocks")
+    with pytest.raises(ValueError, match="one shape"):
+        disk.correct_labels_on_disk(z_image, z_text[:, :3], *args[2:], mass=0.5)
