@@ -15,7 +15,8 @@ Writes ``--dir/pairs_<N>x<dim>/`` (``ncljax.data.vectors``'s layout, float16): i
 as ``<folder>_mismatched.npy``), val and test of
 ``--eval_images`` clean pairs. With ``--classes=C`` each image also gets a class (the
 largest of its first ``C`` coordinates), ``--label_noise`` of the training labels replaced
-by another class (their indices in ``<folder>_flipped.npy``), for the label methods. Writing streams in chunks: memory stays bounded.
+by another class (their indices in ``<folder>_flipped.npy``), for the label methods.
+Writing streams in chunks: memory stays bounded.
 
 Then runs, each in its own process under ``/usr/bin/time`` (wall time and peak resident
 memory, the mapped folder's pages included; and the peak of the process's own anonymous
