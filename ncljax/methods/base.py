@@ -37,7 +37,9 @@ epoch as its ``EpochPlan`` says.
    ``stats_fn(outputs, batch) -> dict of [B, ...]``; then the trainer first runs an
    eval-mode forward pass of every network over the training pairs (in shuffled
    batches of the training size) and hands the collected ``[N, ...]`` arrays (ordered
-   by index) to ``refresh_fn``. A method whose ``stats_rows`` names memory rows gets
+   by index) to ``refresh_fn``; those it names in ``disk_stats`` arrive as read-only
+   memory-mapped numpy arrays of files the trainer writes and deletes, for statistics too
+   large to hold for every pair. A method whose ``stats_rows`` names memory rows gets
    them too, as ``stats_fn(outputs, batch, rows)`` with the network's rows at the
    batch's pairs (before the refresh): a statistic that compares the pass with what
    the memory holds (PC2's oscillation against its prediction bank) is computed batch
