@@ -110,6 +110,8 @@ class Refresher:
                     files[name][:, index[real]] = _host(v)[:, real]
         for f in files.values():
             f.flush()
+        # the refresh reads them: read-only maps of the files just written
+        files = {name: np.load(f.filename, mmap_mode="r") for name, f in files.items()}
         return buffers, files
 
     def _open(self, name, value, n):

@@ -97,6 +97,7 @@ def test_disk_statistics_reach_the_refresh_as_files_and_are_deleted(tmp_path, nu
         return {"x": x[i], "index": np.int32(i), "mask": np.bool_(True)}
 
     def refresh_fn(memory, stats, ctx):
+        assert not stats["z"].flags.writeable
         seen[ctx.network] = (
             type(stats["z"]),
             np.array(stats["z"]),
