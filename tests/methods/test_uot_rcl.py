@@ -591,10 +591,10 @@ def test_uot_rcl_beats_ce_under_symmetric_label_noise(tmp_path, rate, margin, co
         config.train.num_devices = 4
         workdir = str(tmp_path / name)
         scores[name] = train_and_evaluate(config, workdir)
-        if name == "uot_synthetic":
+        if name == "uot_rcl":
             last = [r for r in _read(workdir) if r.get("split") == "val"][-1]
             assert last["corrected_accuracy"] > last["observed_accuracy"] + corrected_margin, last
-    uot, ce = scores["uot_synthetic"], scores["ce_synthetic"]
+    uot, ce = scores["uot_rcl"], scores["ce"]
     for key in ("map_i2t", "map_t2i"):
         assert uot[key] > ce[key] + margin, (key, uot[key], ce[key])
         # Without early stopping CE memorises the noise; UOT-RCL keeps its level.
