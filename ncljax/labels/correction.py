@@ -344,15 +344,7 @@ def knn_cosine_blocks(
     _positive_ints(block=block, probes=probes, sample=sample, iterations=iterations)
     unit = embeddings(z)
     num_samples = unit.shape[0]
-    limit = blocks_capacity(num_samples, block, probes, exclude_self=exclude_self)
-    if not 1 <= k <= limit:
-        raise ValueError(
-            f"k={k} neighbours must be in [1, {limit}]: N={num_samples} rows in blocks of "
-            f"{block}, each block searching {probes}, leave at least {limit} "
-            "candidates per row"
-            + ("" if limit >= num_samples - 1 else "; raise block or probes, or lower k")
-            + "."
-        )
+    check_block_k(num_samples, k, block, probes, exclude_self=exclude_self)
     block = min(block, num_samples)
     num_blocks = -(-num_samples // block)
     probes = min(probes, num_blocks)
@@ -415,6 +407,20 @@ def search_block(
         drop = drop | (column[None, :] == b * block + jnp.arange(block)[:, None])
     top, at = lax.top_k(jnp.where(drop, -jnp.inf, sim), k)
     return top, position[column[at]]
+
+
+def check_block_k(num_samples: int, k: int, block: int, probes: int, *, exclude_self: bool):
+    """One error where ``k`` neighbours are more than :func:`knn_cosine_blocks` can find
+    for ``N = num_samples`` rows (:func:`blocks_capacity`), or fewer than one."""
+    limit = blocks_capacity(num_samples, block, probes, exclude_self=exclude_self)
+    if not 1 <= k <= limit:
+        raise ValueError(
+            f"k={k} neighbours must be in [1, {limit}]: N={num_samples} rows in blocks of "
+            f"{block}, each block searching {probes}, leave at least {limit} "
+            "candidates per row"
+            + ("" if limit >= num_samples - 1 else "; raise block or probes, or lower k")
+            + "."
+        )
 
 
 def blocks_capacity(num_samples: int, block: int, probes: int, *, exclude_self: bool = True):

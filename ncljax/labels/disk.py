@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ncljax.labels import correction, ot
+from ncljax.labels import correction, uot_rcl
 from ncljax.labels.uot_rcl import LabelCorrection, _refuse_non_finite, check_options, correct_labels
 
 # correct_labels' keyword arguments and defaults, which correct_labels_on_disk takes too
@@ -149,12 +149,7 @@ def _block_votes(
     written once in block order to ``scratch``, then each block reads the blocks it
     searches."""
     num_samples, dim = z.shape
-    limit = correction.blocks_capacity(num_samples, block, probes, exclude_self=exclude_self)
-    if not 1 <= k <= limit:
-        raise ValueError(
-            f"k={k} neighbours must be in [1, {limit}]: N={num_samples} rows in blocks of "
-            f"{block}, each block searching {probes}; raise block or probes, or lower k."
-        )
+    correction.check_block_k(num_samples, k, block, probes, exclude_self=exclude_self)
     block = min(block, num_samples)
     num_blocks = -(-num_samples // block)
     probes = min(probes, num_blocks)
@@ -277,58 +272,16 @@ def neighbour_votes(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("per_class", "confident"))
-def _front(
-    logits_image, logits_text, targets_image, targets_text, key, *, per_class, confident, momentum
-):
-    p_image = jax.nn.softmax(logits_image, -1)
-    p_text = jax.nn.softmax(logits_text, -1)
-    num_samples, num_classes = p_image.shape
-    if confident == "jsd":
-        confident_set = correction.confident_set(p_image, p_text, per_class=per_class)
-    else:
-        confident_set = correction.random_confident_set(
-            key, num_samples, num_classes=num_classes, per_class=per_class
-        )
-    scores = logits_image + logits_text
-    new_image = correction.update_targets(targets_image, scores, momentum=momentum)
-    new_text = correction.update_targets(targets_text, scores, momentum=momentum)
-    return confident_set, new_image, new_text
+_front = jax.jit(uot_rcl.confident_and_targets, static_argnames=("per_class", "confident"))
 
 
 _consistency = jax.jit(correction.consistency_rows)
 
 
-@functools.partial(
-    jax.jit,
+_transport = jax.jit(
+    uot_rcl.transport_votes,
     static_argnames=("normalise", "epsilon", "corner", "threshold", "max_iterations"),
 )
-def _transport(
-    c_image,
-    c_text,
-    vote_image,
-    vote_text,
-    class_marginal,
-    mass,
-    *,
-    normalise,
-    epsilon,
-    corner,
-    threshold,
-    max_iterations,
-):
-    cost = correction.cost_from_votes(
-        c_image, c_text, vote_image, vote_text, vote_floor=1e-8, shift=True, normalise=normalise
-    )
-    return ot.partial_ot_labels(
-        cost,
-        mass=mass,
-        class_marginal=class_marginal,
-        epsilon=epsilon,
-        corner=corner,
-        threshold=threshold,
-        max_iterations=max_iterations,
-    )
 
 
 def correct_labels_on_disk(

@@ -121,20 +121,16 @@ def correct_labels(
         z_image=z_image, z_text=z_text, logits_image=logits_image, logits_text=logits_text
     )
     check_options(confident, knn, key)
-    p_image = jax.nn.softmax(jnp.asarray(logits_image), -1)
-    p_text = jax.nn.softmax(jnp.asarray(logits_text), -1)
-    num_samples, num_classes = p_image.shape
-    if confident == "jsd":
-        confident_set = correction.confident_set(p_image, p_text, per_class=per_class)
-    else:
-        confident_set = correction.random_confident_set(
-            key, num_samples, num_classes=num_classes, per_class=per_class
-        )
-    # Eq. 9, before the cost: the prototype argmax of z_v + z_t is the argmax of the summed
-    # logits (mu_k . z / tau_1 with tau_1 > 0).
-    scores = jnp.asarray(logits_image) + jnp.asarray(logits_text)
-    new_image = correction.update_targets(targets_image, scores, momentum=momentum)
-    new_text = correction.update_targets(targets_text, scores, momentum=momentum)
+    confident_set, new_image, new_text = confident_and_targets(
+        logits_image,
+        logits_text,
+        targets_image,
+        targets_text,
+        key,
+        per_class=per_class,
+        confident=confident,
+        momentum=momentum,
+    )
     c_image, c_text = correction.modal_consistency(z_image, z_text, confident_set, chunk=knn_chunk)
 
     def search(z, side):
@@ -151,16 +147,65 @@ def correct_labels(
             z, k=neighbours, chunk=knn_chunk, exclude_self=exclude_self, key_chunk=knn_key_chunk
         )
 
-    cost = correction.consistent_cost(
+    result = transport_votes(
         c_image,
         c_text,
-        search(z_image, 0),
-        search(z_text, 1),
-        new_image,
-        new_text,
+        correction.neighbour_vote(*search(z_image, 0), new_image),
+        correction.neighbour_vote(*search(z_text, 1), new_text),
+        class_marginal,
+        mass,
         normalise=vote_normalise,
+        epsilon=epsilon,
+        corner=corner,
+        threshold=threshold,
+        max_iterations=max_iterations,
     )
-    result = ot.partial_ot_labels(
+    return LabelCorrection(result.labels, new_image, new_text, confident_set, result)
+
+
+def confident_and_targets(
+    logits_image, logits_text, targets_image, targets_text, key, *, per_class, confident, momentum
+):
+    """The first steps of :func:`correct_labels`: ``(confident set, new image targets, new
+    text targets)`` from the class logits (Eqs. 4-5 and 9)."""
+    logits_image, logits_text = jnp.asarray(logits_image), jnp.asarray(logits_text)
+    p_image = jax.nn.softmax(logits_image, -1)
+    p_text = jax.nn.softmax(logits_text, -1)
+    num_samples, num_classes = p_image.shape
+    if confident == "jsd":
+        confident_set = correction.confident_set(p_image, p_text, per_class=per_class)
+    else:
+        confident_set = correction.random_confident_set(
+            key, num_samples, num_classes=num_classes, per_class=per_class
+        )
+    # Eq. 9, before the cost: the prototype argmax of z_v + z_t is the argmax of the summed
+    # logits (mu_k . z / tau_1 with tau_1 > 0).
+    scores = logits_image + logits_text
+    new_image = correction.update_targets(targets_image, scores, momentum=momentum)
+    new_text = correction.update_targets(targets_text, scores, momentum=momentum)
+    return confident_set, new_image, new_text
+
+
+def transport_votes(
+    c_image,
+    c_text,
+    vote_image,
+    vote_text,
+    class_marginal,
+    mass,
+    *,
+    normalise,
+    epsilon,
+    corner,
+    threshold,
+    max_iterations,
+) -> ot.PartialOTOutput:
+    """The last steps of :func:`correct_labels`: the consistent cost from the neighbour
+    votes (Eq. 8, ``correction.cost_from_votes``) and its partial OT (Eqs. 10-15)."""
+    cost = correction.cost_from_votes(
+        c_image, c_text, vote_image, vote_text, vote_floor=1e-8, shift=True, normalise=normalise
+    )
+    return ot.partial_ot_labels(
         cost,
         mass=mass,
         class_marginal=class_marginal,
@@ -169,7 +214,6 @@ def correct_labels(
         threshold=threshold,
         max_iterations=max_iterations,
     )
-    return LabelCorrection(result.labels, new_image, new_text, confident_set, result)
 
 
 def check_options(confident: str, knn: str, key) -> None:
