@@ -2,6 +2,7 @@ r"""UOT-RCL's neighbour search at large N: the block search against the exact on
 
   python benchmarks/knn_blocks.py --pairs=100000 --exact      # both, and the recall
   python benchmarks/knn_blocks.py --pairs=1000000 --probes=16,32
+  python benchmarks/knn_blocks.py --pairs=1000000 --fanout=0,64   # one k-means, the tree
 
 Embeddings: ``--pairs`` rows of ``--dim`` floats drawn around ``--classes`` random centres
 (``centre + --spread * noise``), as a trained model's class-structured embeddings are.
@@ -12,7 +13,9 @@ search; the recall's own numpy pass comes after); its recall is the share of the
 neighbours it finds, over ``--queries`` random rows whose exact neighbours numpy finds by
 brute force (in chunks). ``--exact`` also times ``ncljax.labels.knn_cosine`` (query
 chunks of 2,048 against key chunks of 8,192: bounded memory) on all rows. One JSON line
-per search.
+per search. For each ``--fanout`` value (0: one k-means of every block's centroid) the
+block order alone is timed too (``order_seconds``) and the k-means tree's shape is
+reported (``tree``: each level's centroids, or ``flat``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ def main():
     parser.add_argument("--neighbours", type=int, default=10)
     parser.add_argument("--block", type=int, default=1024)
     parser.add_argument("--probes", default="16")
+    parser.add_argument(
+        "--fanout", default="64", help="comma-separated; 0: one k-means of every block"
+    )
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--exact", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -76,19 +82,31 @@ def main():
     z_device = jax.numpy.asarray(z)
     common = {"pairs": args.pairs, "dim": args.dim, "neighbours": args.neighbours}
     results = []
-    for probes in (int(p) for p in args.probes.split(",")):
-        search = jax.jit(
-            lambda x, probes=probes: correction.knn_cosine_blocks(
-                x,
-                k=args.neighbours,
-                key=jax.random.key(args.seed),
-                block=args.block,
-                probes=probes,
+    num_blocks = -(-args.pairs // args.block)
+    for fanout in (int(f) or num_blocks + 1 for f in args.fanout.split(",")):
+        fanout = max(fanout, 2)
+        order = jax.jit(
+            lambda x, fanout=fanout: correction._block_order(
+                correction.embeddings(x), num_blocks, jax.random.key(args.seed), 32, 10, fanout
             )
         )
-        seconds, index = timed(search, z_device)
-        row = {"search": "blocks", **common, "block": args.block, "probes": probes}
-        results.append((row | {"seconds": round(seconds, 2)}, index[rows]))
+        order_seconds, _ = timed(lambda x, order=order: (order(x), None), z_device)
+        shape = correction.tree_fans(num_blocks, fanout)
+        for probes in (int(p) for p in args.probes.split(",")):
+            search = jax.jit(
+                lambda x, probes=probes, fanout=fanout: correction.knn_cosine_blocks(
+                    x,
+                    k=args.neighbours,
+                    key=jax.random.key(args.seed),
+                    block=args.block,
+                    probes=probes,
+                    fanout=fanout,
+                )
+            )
+            seconds, index = timed(search, z_device)
+            row = {"search": "blocks", **common, "block": args.block, "probes": probes}
+            row |= {"tree": shape or "flat", "order_seconds": round(order_seconds, 2)}
+            results.append((row | {"seconds": round(seconds, 2)}, index[rows]))
     if args.exact:
         search = jax.jit(
             lambda x: correction.knn_cosine(x, k=args.neighbours, chunk=2048, key_chunk=8192)

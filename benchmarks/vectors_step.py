@@ -14,7 +14,8 @@ The folder (``ncljax.data.vectors``'s layout, written by ``vectors.write_folder`
 unit vectors): ``2 x`` the largest batch training pairs of ``--dim`` image vectors
 ``x ~ N(0, I)`` and captions ``t = x W + 0.5 e`` (a fixed random ``W``), ``--mismatched``
 (0.2) of the captions moved to another image (``vectors.mismatch_texts``), and clean val
-and test splits of ``--eval-images`` pairs. Without ``--folder`` it goes to a temporary
+and test splits of ``--eval-images`` pairs; with ``--classes=C`` also class labels, which
+UOT-RCL needs (``--methods=uot_rcl --classes=10``; the default methods are those without). Without ``--folder`` it goes to a temporary
 directory, deleted at the end; with ``--folder`` it is written there unless a folder is
 already there, and kept.
 
@@ -124,9 +125,19 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def write_folder(folder: str, *, train_pairs: int, dim: int, eval_images: int, mismatched: float):
+def write_folder(
+    folder: str,
+    *,
+    train_pairs: int,
+    dim: int,
+    eval_images: int,
+    mismatched: float,
+    classes: int = 0,
+):
     """A vectors folder of ``train_pairs`` pairs (one caption per image), float16 unit
-    vectors, ``mismatched`` of the training captions describing another image."""
+    vectors, ``mismatched`` of the training captions describing another image; with
+    ``classes``, each image's class (the largest of its first ``classes`` coordinates),
+    20% of the training labels replaced by another class."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((dim, dim), np.float32) / np.sqrt(dim)
     splits = {}
@@ -137,6 +148,12 @@ def write_folder(folder: str, *, train_pairs: int, dim: int, eval_images: int, m
             source, _ = vectors.mismatch_texts(n, 1, rate=mismatched, seed=0)
             t = t[source]
         splits[split] = dict(images=_unit(x), texts=_unit(t))
+        if classes:
+            labels = np.argmax(x[:, :classes], axis=1)
+            if split == "train":
+                flip = rng.random(n) < 0.2
+                labels[flip] = (labels[flip] + rng.integers(1, classes, flip.sum())) % classes
+            splits[split]["labels"] = labels
     return vectors.write_folder(folder, splits, dtype=np.float16)
 
 
@@ -431,6 +448,12 @@ def main():
     parser.add_argument("--folder", default="", help="a vectors folder (written if absent)")
     parser.add_argument("--dim", type=int, default=512, help="vector dimension of a new folder")
     parser.add_argument("--mismatched", type=float, default=0.2)
+    parser.add_argument(
+        "--classes",
+        type=int,
+        default=0,
+        help="class labels in a new folder (0: none), for the label methods (uot_rcl)",
+    )
     parser.add_argument("--eval-images", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
@@ -491,6 +514,7 @@ def main():
                 dim=args.dim,
                 eval_images=args.eval_images,
                 mismatched=args.mismatched,
+                classes=args.classes,
             )
             print(f"# wrote {folder} in {time.perf_counter() - tic:.1f} s", flush=True)
         have = folder_pairs(folder)

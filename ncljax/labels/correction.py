@@ -304,6 +304,7 @@ def knn_cosine_blocks(
     exclude_self: bool = True,
     sample: int = 32,
     iterations: int = 10,
+    fanout: int = 64,
 ) -> tuple[jax.Array, jax.Array]:
     r"""Approximate top-``k`` cosine neighbours of every row, searched among nearby rows
     only (an inverted-file search with equal lists; ncljax's).
@@ -315,12 +316,13 @@ def knn_cosine_blocks(
     region of the sphere sit together, and the order is cut into blocks of ``block`` rows
     (the last may be short). The rows of a block search the ``probes`` blocks whose mean
     directions are nearest its own (its own included): ``N * probes * block * D`` work,
-    one ``block x probes * block`` similarity at a time (and the k-means a ``4096 x B``
-    product at a time: 160 MB at ``10^7`` rows in blocks of 1,024), beside the rows in
-    block order (``N x D``). The k-means' work, ``2 iterations sample B^2 D`` FLOPs, grows
-    with ``N^2 / block``: 0.16 TFLOP at ``10^6`` rows of 256 in blocks of 1,024, 16 at
-    ``10^7``. A
-    neighbour outside the searched blocks is missed; the recall is measured in
+    one ``block x probes * block`` similarity at a time, beside the rows in block order
+    (``N x D``). One k-means of ``B`` centroids would compare every row with every
+    centroid, ``N B D`` work, growing with ``N^2 / block``; where ``B`` is more than
+    ``fanout`` the rows are ordered by their leaf of a k-means tree instead
+    (:func:`tree_fans`: a k-means of ``fanout`` centroids, then one in each node, level
+    by level; at ``10^7`` rows in blocks of 1,024 each row meets 64 + 13 + 13 centroids,
+    against 9,766). A neighbour outside the searched blocks is missed; the recall is measured in
     ``benchmarks/RESULTS.md``. With ``probes`` equal to the number of blocks the search
     is exact, ties included: equal similarities go to the lower row, as in
     :func:`knn_cosine`.
@@ -336,19 +338,22 @@ def knn_cosine_blocks(
       exclude_self: drop ``j = i`` from the candidates (static).
       sample: k-means rows per centroid (static, a positive integer; clipped to ``N``).
       iterations: Lloyd iterations of the k-means (static, a positive integer).
+      fanout: the most centroids of one k-means (static, at least 2): more blocks than
+        this are ordered by the k-means tree of :func:`tree_fans`.
 
     Returns:
       ``(index, similarity)`` as :func:`knn_cosine`: int32 ``[N, k]`` and ``[N, k]`` in
       descending order of similarity.
     """
     _positive_ints(block=block, probes=probes, sample=sample, iterations=iterations)
+    check_fanout(fanout)
     unit = embeddings(z)
     num_samples = unit.shape[0]
     check_block_k(num_samples, k, block, probes, exclude_self=exclude_self)
     block = min(block, num_samples)
     num_blocks = -(-num_samples // block)
     probes = min(probes, num_blocks)
-    order = _block_order(unit, num_blocks, key, sample, iterations)
+    order = _block_order(unit, num_blocks, key, sample, iterations, fanout)
     padded = num_blocks * block
     position = jnp.pad(order, (0, padded - num_samples), constant_values=num_samples)
     rows = jnp.pad(unit, ((0, 1), (0, 0)))[position].reshape(num_blocks, block, -1)
@@ -438,16 +443,143 @@ def blocks_capacity(num_samples: int, block: int, probes: int, *, exclude_self: 
     return fewest - (1 if exclude_self else 0)
 
 
-def _block_order(unit, num_clusters: int, key, sample: int, iterations: int) -> jax.Array:
-    """The rows ordered by their nearest k-means centroid (stable within a centroid):
-    :func:`lloyd_centroids` on ``sample`` rows per centroid, from centroids drawn among them."""
+def _block_order(
+    unit, num_clusters: int, key, sample: int, iterations: int, fanout: int
+) -> jax.Array:
+    """The rows in the block search's order: by their nearest of ``num_clusters`` k-means
+    centroids (stable within a centroid; :func:`lloyd_centroids` on ``sample`` rows per
+    centroid, from centroids drawn among them), or where that is more than ``fanout``
+    centroids, by their leaf of the k-means tree of :func:`tree_fans`."""
     num_samples = unit.shape[0]
     if num_clusters == 1:
         return jnp.arange(num_samples, dtype=jnp.int32)
-    chosen, start = kmeans_draw(key, num_samples, num_clusters, sample)
-    points = unit[chosen]
-    centroids = lloyd_centroids(points, points[start], iterations=iterations)
-    return jnp.argsort(nearest_centroid(unit, centroids), stable=True).astype(jnp.int32)
+    fans = tree_fans(num_clusters, fanout)
+    if fans is None:
+        chosen, start = kmeans_draw(key, num_samples, num_clusters, sample)
+        points = unit[chosen]
+        centroids = lloyd_centroids(points, points[start], iterations=iterations)
+        return jnp.argsort(nearest_centroid(unit, centroids), stable=True).astype(jnp.int32)
+    leaf = jnp.zeros(num_samples, jnp.int32)
+    for level, fan in enumerate(fans):
+        groups = math.prod(fans[:level])
+        if level == 0:  # one node (and nothing for XLA to fold at compile time)
+            members, counts = jnp.arange(num_samples), jnp.full(1, num_samples)
+        else:  # the rows of each node together
+            members, counts = jnp.argsort(leaf, stable=True), jnp.bincount(leaf, length=groups)
+        slots = tree_draw(key, level, counts, fan, sample)
+        centroids = group_centroids(unit[members[slots]], clusters=fan, iterations=iterations)
+        found = nearest_in_node(unit[members], leaf[members], centroids)
+        leaf = leaf * fan + jnp.zeros_like(leaf).at[members].set(found)
+    return jnp.argsort(leaf, stable=True).astype(jnp.int32)
+
+
+def check_fanout(fanout) -> None:
+    """One error where the k-means tree's ``fanout`` is not an integer of at least 2."""
+    if isinstance(fanout, bool) or not isinstance(fanout, numbers.Integral) or fanout < 2:
+        raise ValueError(f"fanout must be an integer of at least 2, got {fanout!r}.")
+
+
+def tree_fans(num_clusters: int, fanout: int) -> tuple[int, ...] | None:
+    """The block search's k-means tree for ``num_clusters`` blocks: the centroids of each
+    level's k-means, or ``None`` where one k-means orders the rows (``num_clusters <=
+    fanout``).
+
+    One k-means compares every row with every centroid, ``N * num_clusters`` work: with
+    ``num_clusters = N / block`` it grows with ``N^2``. The tree splits the rows by a
+    k-means of ``fanout`` centroids, then the rows of each node by their own k-means of
+    ``fan`` centroids, level after level, until there are at least ``num_clusters``
+    leaves: ``(fanout, fan, ..., fan)`` with the fewest levels, then the least ``fan``.
+    Each row is compared with ``fanout + (levels - 1) fan`` centroids: ``N log N`` work.
+    The first level is the widest, so that the regions of the data fall to whole nodes
+    before any node is split further (measured in ``benchmarks/RESULTS.md``).
+    """
+    if num_clusters <= fanout:
+        return None
+    levels, leaves = 1, fanout
+    while leaves < num_clusters:
+        levels, leaves = levels + 1, leaves * fanout
+    rest = -(-num_clusters // fanout)  # leaves each first-level node needs
+    fan = max(2, math.ceil(rest ** (1.0 / (levels - 1))) - 1)
+    while fan ** (levels - 1) < rest:
+        fan += 1
+    return (fanout,) + (fan,) * (levels - 1)
+
+
+def tree_draw(key, level: int, counts: ArrayLike, fan: int, sample: int) -> jax.Array:
+    """The rows of one level of the k-means tree's k-means: for each node, ``sample * fan``
+    offsets among its ``counts`` rows, drawn uniformly with replacement (the first
+    ``fan`` of them its first centroids), as slots of the rows sorted by node: int32
+    ``[nodes, sample * fan]``. An empty node draws the slot where its rows would start
+    (its centroids order no row). Keys: ``key`` folded with ``level``."""
+    counts = jnp.asarray(counts, jnp.int32)
+    size = sample * fan
+    u = jax.random.uniform(jax.random.fold_in(key, level), (counts.shape[0], size))
+    offset = jnp.minimum(
+        jnp.floor(u * counts[:, None]).astype(jnp.int32), jnp.maximum(counts[:, None] - 1, 0)
+    )
+    first = jnp.cumsum(counts) - counts
+    return jnp.minimum(first[:, None] + offset, jnp.sum(counts) - 1)
+
+
+def group_centroids(points: ArrayLike, *, clusters: int, iterations: int) -> jax.Array:
+    """:func:`lloyd_centroids` in each group, from the group's first ``clusters`` points:
+    ``points`` ``[G, M, D]``; returns ``[G, clusters, D]``."""
+    points = _as_float(points)
+    return jax.vmap(lambda p: lloyd_centroids(p, p[:clusters], iterations=iterations))(points)
+
+
+def nearest_in_node(
+    x: ArrayLike, node: ArrayLike, centroids: ArrayLike, *, rows: int = 1024, window: int = 4
+) -> jax.Array:
+    """Each row's nearest centroid of its own node in Euclidean distance (the lower index
+    on a tie), for rows sorted by node, ``rows`` rows at a time.
+
+    A chunk of sorted rows meets few nodes: it is compared with the centroids of the
+    ``window`` nodes from its first row's (one matrix product, ``rows x window C``); a
+    chunk that meets more nodes than that gathers each row's own centroids instead.
+
+    Args:
+      x: ``[N, D]`` rows, sorted by ``node``.
+      node: int ``[N]`` each row's node, non-decreasing.
+      centroids: ``[G, C, D]`` each node's centroids.
+      rows: rows per chunk (static); the last chunk is padded with the last row.
+      window: nodes a chunk's product covers (static).
+
+    Returns:
+      int32 ``[N]``, in ``[0, C)``.
+    """
+    x, centroids = _as_float(x), _as_float(centroids)
+    node = jnp.asarray(node, jnp.int32)
+    num_nodes, num_centroids, dim = centroids.shape
+    num_samples = x.shape[0]
+    rows = max(1, min(rows, num_samples))
+    window = min(window, num_nodes)
+    padded = -(-num_samples // rows) * rows
+    x = jnp.pad(x, ((0, padded - num_samples), (0, 0)), mode="edge").reshape(-1, rows, dim)
+    node = jnp.pad(node, (0, padded - num_samples), mode="edge").reshape(-1, rows)
+    half_norm = 0.5 * jnp.sum(centroids * centroids, axis=-1)  # [G, C]
+
+    def chunk(args):
+        x, node = args
+        first = jnp.clip(node[0], 0, num_nodes - window)
+        local = node - first
+
+        def windowed():
+            near = lax.dynamic_slice_in_dim(centroids, first, window)
+            scores = jnp.matmul(x, near.reshape(-1, dim).T, precision=_HIGHEST)
+            scores = scores.reshape(rows, window, num_centroids)
+            scores = scores - lax.dynamic_slice_in_dim(half_norm, first, window)
+            own = jnp.take_along_axis(scores, jnp.clip(local, 0, window - 1)[:, None, None], 1)
+            return jnp.argmax(own[:, 0], axis=-1).astype(jnp.int32)
+
+        def gathered():
+            scores = jnp.einsum("rd,rcd->rc", x, centroids[node], precision=_HIGHEST)
+            return jnp.argmax(scores - half_norm[node], axis=-1).astype(jnp.int32)
+
+        fits = jnp.all((local >= 0) & (local < window))
+        return lax.cond(fits, windowed, gathered)
+
+    return lax.map(chunk, (x, node)).reshape(-1)[:num_samples]
 
 
 def kmeans_draw(key, num_samples: int, num_clusters: int, sample: int):

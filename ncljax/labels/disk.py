@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import types
 
@@ -124,25 +125,68 @@ _unit_centres = jax.jit(correction._unit_rows)
 _probe_blocks = jax.jit(correction.knn_cosine, static_argnames=("k", "exclude_self"))
 
 
-def _block_order(z, num_blocks, key, *, sample, iterations, chunk, name) -> np.ndarray:
-    """``correction._block_order`` over rows on disk: the k-means of the same draw, each
-    row's nearest centroid a chunk at a time, then a stable sort."""
+_tree_draw = jax.jit(correction.tree_draw, static_argnums=(1, 3, 4))
+_group_centroids = jax.jit(correction.group_centroids, static_argnames=("clusters", "iterations"))
+_nearest_in_node = jax.jit(correction.nearest_in_node, static_argnames=("rows", "window"))
+_NODE_ROWS = 1024  # nearest_in_node's chunk, as the one-array form runs it
+
+
+def _block_order(z, num_blocks, key, *, sample, iterations, fanout, chunk, name) -> np.ndarray:
+    """``correction._block_order`` over rows on disk: the k-means (or the k-means tree,
+    level by level) of the same draws, each row's nearest centroid a chunk at a time in
+    the order of the rows, then a stable sort by centroid (or leaf)."""
     num_samples = z.shape[0]
     if num_blocks == 1:
         return np.arange(num_samples, dtype=np.int32)
-    chosen, start = _kmeans_draw(key, num_samples, num_blocks, sample)
-    points = _unit(read_rows(z, np.asarray(chosen)))
-    centroids = _lloyd(points, points[start], iterations=iterations)
-    del points
-    cluster = np.empty(num_samples, np.int32)
-    for first, stop in _chunks(num_samples, chunk):
-        unit = _padded_unit(z, first, stop, chunk, name)
-        cluster[first:stop] = np.asarray(_nearest(unit, centroids))[: stop - first]
-    return np.argsort(cluster, kind="stable").astype(np.int32)
+    fans = correction.tree_fans(num_blocks, fanout)
+    if fans is None:
+        chosen, start = _kmeans_draw(key, num_samples, num_blocks, sample)
+        points = _unit(read_rows(z, np.asarray(chosen)))
+        centroids = _lloyd(points, points[start], iterations=iterations)
+        del points
+        cluster = np.empty(num_samples, np.int32)
+        for first, stop in _chunks(num_samples, chunk):
+            unit = _padded_unit(z, first, stop, chunk, name)
+            cluster[first:stop] = np.asarray(_nearest(unit, centroids))[: stop - first]
+        return np.argsort(cluster, kind="stable").astype(np.int32)
+    leaf = np.zeros(num_samples, np.int32)
+    for level, fan in enumerate(fans):
+        members = np.argsort(leaf, kind="stable")
+        counts = np.bincount(leaf, minlength=math.prod(fans[:level]))
+        slots = np.asarray(_tree_draw(key, level, counts, fan, sample))
+        points = _unit(read_rows(z, members[slots].reshape(-1))).reshape(*slots.shape, -1)
+        centroids = _group_centroids(points, clusters=fan, iterations=iterations)
+        del points
+        cluster = np.empty(num_samples, np.int32)
+        # in node order, in reads of whole chunks of nearest_in_node's (so that its
+        # chunks are the one-array form's), each padded with its last row
+        read = max(_NODE_ROWS, min(chunk, num_samples) // _NODE_ROWS * _NODE_ROWS)
+        for first, stop in _chunks(num_samples, read):
+            some = members[first:stop]
+            some = np.concatenate([some, np.full(read - some.size, some[-1], some.dtype)])
+            unit = _unit(read_rows(z, some))
+            found = _nearest_in_node(unit, leaf[some], centroids, rows=_NODE_ROWS)
+            cluster[members[first:stop]] = np.asarray(found)[: stop - first]
+        del members
+        leaf = leaf * fan + cluster
+    return np.argsort(leaf, kind="stable").astype(np.int32)
 
 
 def _block_votes(
-    z, targets, *, k, key, block, probes, exclude_self, sample, iterations, chunk, scratch, name
+    z,
+    targets,
+    *,
+    k,
+    key,
+    block,
+    probes,
+    exclude_self,
+    sample,
+    iterations,
+    fanout,
+    chunk,
+    scratch,
+    name,
 ):
     """Each row's vote from its top-``k`` among nearby rows
     (``correction.knn_cosine_blocks``, the same blocks and neighbours): the unit rows are
@@ -154,7 +198,14 @@ def _block_votes(
     num_blocks = -(-num_samples // block)
     probes = min(probes, num_blocks)
     order = _block_order(
-        z, num_blocks, key, sample=sample, iterations=iterations, chunk=chunk, name=name
+        z,
+        num_blocks,
+        key,
+        sample=sample,
+        iterations=iterations,
+        fanout=fanout,
+        chunk=chunk,
+        name=name,
     )
     padded = num_blocks * block
     position = np.full(padded, num_samples, np.int32)
@@ -218,6 +269,7 @@ def neighbour_votes(
     probes: int = 16,
     sample: int = 32,
     iterations: int = 10,
+    fanout: int = 64,
     scratch: str | None = None,
     name: str = "z",
 ) -> np.ndarray:
@@ -231,7 +283,7 @@ def neighbour_votes(
       k: neighbours per pair.
       knn: ``'exact'`` (the neighbours of :func:`correction.knn_cosine`) or ``'blocks'``
         (those of :func:`correction.knn_cosine_blocks` with ``key``, ``block``,
-        ``probes``, ``sample``, ``iterations``).
+        ``probes``, ``sample``, ``iterations``, ``fanout``).
       exclude_self: a pair is not its own neighbour.
       chunk: rows read at a time (the query rows of the exact search).
       key_chunk: candidate rows per step of the exact search (``None``: ``chunk``).
@@ -256,6 +308,8 @@ def neighbour_votes(
         raise ValueError(f"knn must be 'exact' or 'blocks', got {knn!r}.")
     if key is None or scratch is None:
         raise ValueError("knn='blocks' needs a key and a scratch directory.")
+    correction._positive_ints(block=block, probes=probes, sample=sample, iterations=iterations)
+    correction.check_fanout(fanout)
     return _block_votes(
         z,
         targets,
@@ -266,6 +320,7 @@ def neighbour_votes(
         exclude_self=exclude_self,
         sample=sample,
         iterations=iterations,
+        fanout=fanout,
         chunk=chunk,
         scratch=scratch,
         name=name,

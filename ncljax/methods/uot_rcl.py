@@ -283,12 +283,14 @@ def forward(s: Settings, model, batch, memory_state, *, train, rngs, phase, ctx=
 
 class UOTRCLTerms(NamedTuple):
     """The terms of :func:`uot_rcl_loss`, each ``[B]``: the cross-entropy on the corrected
-    labels (``plc``), the relation-aligned InfoNCE (``bhg``), and whether the batch's
-    relation plan converged (``relation_converged``, 0/1 broadcast)."""
+    labels (``plc``), the relation-aligned InfoNCE (``bhg``), whether the batch's
+    relation plan converged (``relation_converged``, 0/1 broadcast) and the Sinkhorn
+    iterations it took (``relation_iterations``, broadcast)."""
 
     plc: jax.Array
     bhg: jax.Array
     relation_converged: jax.Array
+    relation_iterations: jax.Array
 
 
 def uot_rcl_loss(
@@ -358,7 +360,8 @@ def uot_rcl_loss(
         logits.T, targets.text_to_image, where=mask
     )  # Eq. 18: the two directions summed
     converged = jnp.broadcast_to(targets.converged, plc.shape).astype(jnp.float32)
-    return plc + relation_weight * bhg, UOTRCLTerms(plc, bhg, converged)
+    iterations = jnp.broadcast_to(targets.n_iters, plc.shape).astype(jnp.float32)
+    return plc + relation_weight * bhg, UOTRCLTerms(plc, bhg, converged, iterations)
 
 
 def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, base.Aux]:
@@ -389,6 +392,7 @@ def loss(s: Settings, outputs, batch, rows, peer_rows, ctx) -> tuple[jax.Array, 
         "loss_plc": terms.plc,
         "loss_bhg": terms.bhg,
         "relation_converged": terms.relation_converged,
+        "relation_iterations": terms.relation_iterations,
     }
     return total, base.Aux(metrics=metrics)
 

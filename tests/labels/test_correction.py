@@ -20,8 +20,11 @@ from ncljax.labels.correction import (
     lloyd_centroids,
     modal_consistency,
     nearest_centroid,
+    nearest_in_node,
     random_confident_set,
     relation_scores,
+    tree_draw,
+    tree_fans,
     update_targets,
 )
 
@@ -36,7 +39,7 @@ _random_confident_set = jax.jit(
 _knn_cosine = jax.jit(knn_cosine, static_argnames=("k", "chunk", "exclude_self", "key_chunk"))
 _knn_cosine_blocks = jax.jit(
     knn_cosine_blocks,
-    static_argnames=("k", "block", "probes", "exclude_self", "sample", "iterations"),
+    static_argnames=("k", "block", "probes", "exclude_self", "sample", "iterations", "fanout"),
 )
 _modal_consistency = jax.jit(modal_consistency)
 _consistent_cost = jax.jit(consistent_cost, static_argnames=("shift", "normalise"))
@@ -332,15 +335,22 @@ def test_knn_refuses_chunks_that_are_not_positive_integers(chunk, key_chunk):
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])
-@pytest.mark.parametrize("block", [5, 8, 37])
-def test_knn_blocks_searching_every_block_is_exact(exclude_self, block):
+@pytest.mark.parametrize("block, fanout", [(5, 64), (8, 64), (37, 64), (5, 2), (3, 4)])
+def test_knn_blocks_searching_every_block_is_exact(exclude_self, block, fanout):
     """With ``probes`` the number of blocks (a partial last block with ``block=5, 8``,
-    one block with 37) every row searches every other: the numpy oracle's neighbours and
-    similarities (no ties in these rows)."""
+    one block with 37; ordered by one k-means, or by a k-means tree with ``fanout`` 2 and
+    4) every row searches every other: the numpy oracle's neighbours and similarities (no
+    ties in these rows)."""
     z = _rng(7).normal(size=(37, 6)).astype(np.float32)
     blocks = -(-37 // block)
     index, sim = _knn_cosine_blocks(
-        z, k=5, key=jax.random.key(0), block=block, probes=blocks, exclude_self=exclude_self
+        z,
+        k=5,
+        key=jax.random.key(0),
+        block=block,
+        probes=blocks,
+        exclude_self=exclude_self,
+        fanout=fanout,
     )
     ref_index, ref_sim = np_knn(z, 5, exclude_self)
     np.testing.assert_array_equal(index, ref_index)
@@ -356,12 +366,16 @@ def _clusters(n, dim, classes, spread, seed):
     )
 
 
-def test_knn_blocks_finds_most_neighbours_among_nearby_blocks():
+@pytest.mark.parametrize("fanout", [64, 3])
+def test_knn_blocks_finds_most_neighbours_among_nearby_blocks(fanout):
     """Searching 4 of 24 blocks: each returned neighbour is another row at its true
     cosine, in descending order, and most of the exact neighbours are found (clustered
-    rows, as a trained model's embeddings are; measured 0.95)."""
+    rows, as a trained model's embeddings are; measured 0.93 with one k-means of 24
+    centroids, 0.92 with a tree of three levels of 3)."""
     z = _clusters(3000, 64, 50, 0.5, seed=8)
-    index, sim = _knn_cosine_blocks(z, k=10, key=jax.random.key(1), block=128, probes=4)
+    index, sim = _knn_cosine_blocks(
+        z, k=10, key=jax.random.key(1), block=128, probes=4, fanout=fanout
+    )
     index, sim = np.asarray(index), np.asarray(sim)
     exact, _ = _knn_cosine(z, k=10, chunk=512, exclude_self=True, key_chunk=None)
     recall = (
@@ -455,6 +469,103 @@ def test_knn_blocks_break_ties_by_the_lower_row_as_the_exact_search(exclude_self
         )
         np.testing.assert_array_equal(index, exact)
         np.testing.assert_allclose(sim, exact_sim, atol=ATOL)
+
+
+def test_tree_fans_are_the_fewest_levels_of_the_fewest_centroids():
+    """By hand: 9,766 blocks (10^7 rows in blocks of 1,024) with ``fanout`` 64 are 64
+    centroids, then 13 and 13 in each node (64^2 < 9,766 <= 64^3; each first-level node
+    needs ceil(9,766 / 64) = 153 leaves, 12^2 < 153 <= 13^2); and the rule over a grid."""
+    assert tree_fans(9766, 64) == (64, 13, 13)
+    assert tree_fans(977, 64) == (64, 16)
+    assert tree_fans(98, 64) == (64, 2)
+    assert tree_fans(64, 64) is None
+    for clusters in range(2, 5000, 7):
+        for fanout in (2, 3, 5, 64):
+            got = tree_fans(clusters, fanout)
+            if clusters <= fanout:
+                assert got is None
+                continue
+            levels = next(lv for lv in range(1, 64) if fanout**lv >= clusters)
+            rest = -(-clusters // fanout)
+            fan = next(f for f in range(2, rest + 2) if f ** (levels - 1) >= rest)
+            assert got == (fanout,) + (fan,) * (levels - 1), (clusters, fanout)
+            assert math.prod(got) >= clusters
+
+
+def test_tree_draw_draws_each_nodes_own_rows():
+    """Nodes of 5, 0, 7 and 1 rows (their slots 0-4, none, 5-11, 12): each node's draws
+    fall among its own slots, all of them drawn where there are many draws; the empty
+    node draws the slot where its rows would start; each level draws anew."""
+    counts = np.array([5, 0, 7, 1])
+    slots = np.asarray(tree_draw(jax.random.key(2), 1, counts, 4, 50))
+    assert slots.shape == (4, 200) and slots.dtype == np.int32
+    assert set(slots[0]) == set(range(5)) and set(slots[2]) == set(range(5, 12))
+    assert set(slots[1]) == {5} and set(slots[3]) == {12}
+    again = np.asarray(tree_draw(jax.random.key(2), 2, counts, 4, 50))
+    assert not np.array_equal(again, slots)
+    last = np.asarray(tree_draw(jax.random.key(2), 1, np.array([3, 0]), 2, 4))
+    assert set(last[1]) == {2}  # an empty last node: clipped to the last row
+
+
+@pytest.mark.parametrize("rows, window", [(7, 4), (16, 2), (64, 1), (1024, 4)])
+def test_nearest_in_node_is_the_numpy_argmin_among_the_rows_own_centroids(rows, window):
+    """Rows sorted by node, nodes of 0 to 30 rows: chunks that meet at most ``window``
+    nodes take the product path, the others the gathered one; both against numpy."""
+    x = _rng(18).normal(size=(200, 5))
+    centroids = _rng(19).normal(size=(12, 3, 5))
+    node = np.sort(_rng(20).choice(12, 200, p=np.arange(12) / 66))  # node 0 empty
+    want = np.argmin(((x[:, None, :] - centroids[node]) ** 2).sum(-1), axis=1)
+    got = nearest_in_node(np.float32(x), node, np.float32(centroids), rows=rows, window=window)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == jnp.int32 and got.shape == (200,)
+
+
+def _np_lloyd(points, centroids, iterations):
+    for _ in range(iterations):
+        cluster = np.argmin(((points[:, None] - centroids[None]) ** 2).sum(-1), axis=1)
+        for c in range(centroids.shape[0]):
+            if np.any(cluster == c):
+                centroids[c] = points[cluster == c].mean(0)
+    return centroids
+
+
+@pytest.mark.parametrize("n, clusters, fanout", [(2000, 40, 4), (1999, 30, 8)])
+def test_block_order_of_the_tree_is_each_nodes_kmeans_level_by_level(n, clusters, fanout):
+    """The k-means tree's order against a float64 numpy loop over levels and nodes, from
+    the same draws (:func:`tree_draw`): each node's Lloyd steps from its first drawn rows,
+    each of its rows to its nearest centroid, the leaf a row reaches, the rows sorted
+    stably by leaf."""
+    from ncljax.labels.correction import _block_order
+
+    z = _clusters(n, 8, 12, 0.8, seed=21)
+    key = jax.random.key(4)
+    fans = tree_fans(clusters, fanout)
+    unit = np_unit(z.astype(np.float64))
+    leaf = np.zeros(n, np.int64)
+    for level, fan in enumerate(fans):
+        members = np.argsort(leaf, kind="stable")
+        counts = np.bincount(leaf, minlength=math.prod(fans[:level]))
+        slots = np.asarray(tree_draw(key, level, counts, fan, 32))
+        cluster = np.zeros(n, np.int64)
+        for node in np.flatnonzero(counts):
+            points = unit[members[slots[node]]]
+            centroids = _np_lloyd(points, points[:fan].copy(), 10)
+            rows = np.flatnonzero(leaf == node)
+            dist = ((unit[rows][:, None] - centroids[None]) ** 2).sum(-1)
+            cluster[rows] = np.argmin(dist, axis=1)
+        leaf = leaf * fan + cluster
+    want = np.argsort(leaf, kind="stable")
+    got = jax.jit(_block_order, static_argnums=(1, 3, 4, 5))(
+        jnp.asarray(np.float32(unit)), clusters, key, 32, 10, fanout
+    )
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("value", [1, 0, 2.0, True])
+def test_knn_blocks_refuses_a_fanout_below_two(value):
+    z = _rng(13).normal(size=(20, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"^fanout must be an integer of at least 2, got"):
+        knn_cosine_blocks(z, k=3, key=jax.random.key(0), block=8, probes=2, fanout=value)
 
 
 @pytest.mark.parametrize(

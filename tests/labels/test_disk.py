@@ -67,11 +67,20 @@ def test_exact_votes_are_the_votes_of_the_exact_neighbours(
     )
 
 
-@pytest.mark.parametrize("block, probes, chunk", [(16, 3, 64), (32, 2, 40), (64, 8, 256)])
-def test_block_votes_are_the_votes_of_the_block_search(tmp_path, world, block, probes, chunk):
+@pytest.mark.parametrize(
+    "block, probes, chunk, fanout",
+    [(16, 3, 64, 64), (32, 2, 40, 64), (64, 8, 256, 64), (16, 3, 64, 3), (8, 4, 50, 4)],
+)
+def test_block_votes_are_the_votes_of_the_block_search(
+    tmp_path, world, block, probes, chunk, fanout
+):
+    """One k-means of every block (``fanout`` 64), or a k-means tree (3 and 4: ``(3, 3,
+    3)`` and ``(4, 3, 3)`` centroids a level)."""
     z, targets = world[1], jnp.asarray(world[4])
     key = jax.random.key(5)
-    index, similarity = correction.knn_cosine_blocks(z, k=9, key=key, block=block, probes=probes)
+    index, similarity = correction.knn_cosine_blocks(
+        z, k=9, key=key, block=block, probes=probes, fanout=fanout
+    )
     want = correction.neighbour_vote(index, similarity, targets)
     got = disk.neighbour_votes(
         _write(tmp_path, "z", z),
@@ -81,6 +90,7 @@ def test_block_votes_are_the_votes_of_the_block_search(tmp_path, world, block, p
         key=key,
         block=block,
         probes=probes,
+        fanout=fanout,
         chunk=chunk,
         scratch=str(tmp_path),
     )
@@ -155,6 +165,11 @@ def test_bad_input_is_one_error(tmp_path, world):
         disk.neighbour_votes(world[0], targets, k=3, knn="ivf")
     with pytest.raises(ValueError, match="needs a key and a scratch"):
         disk.neighbour_votes(world[0], targets, k=3, knn="blocks")
+    blocks = dict(k=3, knn="blocks", key=jax.random.key(0), scratch=str(tmp_path))
+    with pytest.raises(ValueError, match=r"^sample must be a positive integer, got 0"):
+        disk.neighbour_votes(world[0], targets, sample=0, **blocks)
+    with pytest.raises(ValueError, match=r"^fanout must be an integer of at least 2, got 1"):
+        disk.neighbour_votes(world[0], targets, fanout=1, **blocks)
 
 
 def test_correct_labels_on_disk_takes_correct_labels_arguments_only(world):

@@ -20,7 +20,7 @@ from ncljax import methods, models
 from ncljax.config import presets
 from ncljax.config.fields import reset_unread
 from ncljax.data import pipeline, synthetic
-from ncljax.labels import correction
+from ncljax.labels import correction, ot
 from ncljax.methods import base, uot_rcl
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -143,6 +143,18 @@ def test_loss_matches_numpy_oracle(lam, tau2, tau3):
     np.testing.assert_allclose(aux.metrics["loss_bhg"], bhg, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-5)
     assert float(aux.metrics["relation_converged"].min()) == 1.0
+    # the plan's Sinkhorn iterations, as ot.relation_plan counts them (ott checks every 10)
+    plan = ot.relation_plan(
+        correction.jensen_shannon_pairwise(
+            correction.relation_scores(z_v, g_v, anchor_mask=g_mask, temperature=tau2),
+            correction.relation_scores(z_t, g_t, anchor_mask=g_mask, temperature=tau2),
+        ),
+        threshold=1e-6,
+        max_iterations=20000,
+    )
+    iterations = np.asarray(aux.metrics["relation_iterations"])
+    assert np.all(iterations == int(plan.n_iters)) and iterations[0] > 0
+    assert iterations[0] % 10 == 0
 
 
 def test_padded_pairs_do_not_change_real_losses():
