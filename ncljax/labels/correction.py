@@ -468,7 +468,7 @@ def _block_order(
             members, counts = jnp.argsort(leaf, stable=True), jnp.bincount(leaf, length=groups)
         slots = tree_draw(key, level, counts, fan, sample)
         centroids = group_centroids(unit[members[slots]], clusters=fan, iterations=iterations)
-        found = nearest_in_node(unit[members], leaf[members], centroids)
+        found = nearest_in_node(unit, leaf[members], centroids, index=members)
         leaf = leaf * fan + jnp.zeros_like(leaf).at[members].set(found)
     return jnp.argsort(leaf, stable=True).astype(jnp.int32)
 
@@ -529,7 +529,13 @@ def group_centroids(points: ArrayLike, *, clusters: int, iterations: int) -> jax
 
 
 def nearest_in_node(
-    x: ArrayLike, node: ArrayLike, centroids: ArrayLike, *, rows: int = 1024, window: int = 4
+    x: ArrayLike,
+    node: ArrayLike,
+    centroids: ArrayLike,
+    *,
+    index: ArrayLike | None = None,
+    rows: int = 1024,
+    window: int = 4,
 ) -> jax.Array:
     """Each row's nearest centroid of its own node in Euclidean distance (the lower index
     on a tie), for rows sorted by node, ``rows`` rows at a time.
@@ -539,9 +545,10 @@ def nearest_in_node(
     chunk that meets more nodes than that gathers each row's own centroids instead.
 
     Args:
-      x: ``[N, D]`` rows, sorted by ``node``.
+      x: ``[N, D]`` rows, sorted by ``node``; or with ``index``, any ``[M, D]``.
       node: int ``[N]`` each row's node, non-decreasing.
       centroids: ``[G, C, D]`` each node's centroids.
+      index: optional int ``[N]``: the rows are ``x[index]``, read a chunk at a time.
       rows: rows per chunk (static); the last chunk is padded with the last row.
       window: nodes a chunk's product covers (static).
 
@@ -551,35 +558,37 @@ def nearest_in_node(
     x, centroids = _as_float(x), _as_float(centroids)
     node = jnp.asarray(node, jnp.int32)
     num_nodes, num_centroids, dim = centroids.shape
-    num_samples = x.shape[0]
+    num_samples = node.shape[0]
+    index = jnp.arange(num_samples) if index is None else jnp.asarray(index)
     rows = max(1, min(rows, num_samples))
     window = min(window, num_nodes)
     padded = -(-num_samples // rows) * rows
-    x = jnp.pad(x, ((0, padded - num_samples), (0, 0)), mode="edge").reshape(-1, rows, dim)
+    index = jnp.pad(index, (0, padded - num_samples), mode="edge").reshape(-1, rows)
     node = jnp.pad(node, (0, padded - num_samples), mode="edge").reshape(-1, rows)
     half_norm = 0.5 * jnp.sum(centroids * centroids, axis=-1)  # [G, C]
 
     def chunk(args):
-        x, node = args
+        index, node = args
+        x_rows = x[index]
         first = jnp.clip(node[0], 0, num_nodes - window)
         local = node - first
 
         def windowed():
             near = lax.dynamic_slice_in_dim(centroids, first, window)
-            scores = jnp.matmul(x, near.reshape(-1, dim).T, precision=_HIGHEST)
+            scores = jnp.matmul(x_rows, near.reshape(-1, dim).T, precision=_HIGHEST)
             scores = scores.reshape(rows, window, num_centroids)
             scores = scores - lax.dynamic_slice_in_dim(half_norm, first, window)
             own = jnp.take_along_axis(scores, jnp.clip(local, 0, window - 1)[:, None, None], 1)
             return jnp.argmax(own[:, 0], axis=-1).astype(jnp.int32)
 
         def gathered():
-            scores = jnp.einsum("rd,rcd->rc", x, centroids[node], precision=_HIGHEST)
+            scores = jnp.einsum("rd,rcd->rc", x_rows, centroids[node], precision=_HIGHEST)
             return jnp.argmax(scores - half_norm[node], axis=-1).astype(jnp.int32)
 
         fits = jnp.all((local >= 0) & (local < window))
         return lax.cond(fits, windowed, gathered)
 
-    return lax.map(chunk, (x, node)).reshape(-1)[:num_samples]
+    return lax.map(chunk, (index, node)).reshape(-1)[:num_samples]
 
 
 def kmeans_draw(key, num_samples: int, num_clusters: int, sample: int):

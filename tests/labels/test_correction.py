@@ -518,6 +518,14 @@ def test_nearest_in_node_is_the_numpy_argmin_among_the_rows_own_centroids(rows, 
     got = nearest_in_node(np.float32(x), node, np.float32(centroids), rows=rows, window=window)
     np.testing.assert_array_equal(got, want)
     assert got.dtype == jnp.int32 and got.shape == (200,)
+    # the same rows read through an index from an array in another order
+    shuffle = _rng(21).permutation(200)
+    stored = np.empty_like(x)
+    stored[shuffle] = x
+    got = nearest_in_node(
+        np.float32(stored), node, np.float32(centroids), index=shuffle, rows=rows, window=window
+    )
+    np.testing.assert_array_equal(got, want)
 
 
 def _np_lloyd(points, centroids, iterations):
