@@ -229,6 +229,31 @@ def test_jsd_pairwise_matches_numpy():
     np.testing.assert_allclose(_jensen_shannon_pairwise(p, q), expected, atol=ATOL)
 
 
+def test_jsd_pairwise_of_relation_scores_to_1e_8_with_zero_columns():
+    """Softmaxes of cosines over 50 anchors (UOT-RCL's relation scores at ``tau_2 = 1``:
+    divergences of 1e-3 to 1e-2) with two masked anchors (columns of zeros), against the
+    float64 per-pair oracle; its gradient is finite at the zeros."""
+    rng = _rng(40)
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+    z, anchors = unit(rng.normal(size=(96, 16))), unit(rng.normal(size=(50, 16)))
+    logits = z @ anchors.T
+    p = np.exp(logits) * (np.arange(50) < 48)
+    p = p / p.sum(1, keepdims=True)
+    q = np.exp(unit(z + 0.5 * rng.normal(size=z.shape)) @ anchors.T) * (np.arange(50) < 48)
+    q = q / q.sum(1, keepdims=True)
+    expected = np.array([[np_jsd(p[i], q[j]) for j in range(96)] for i in range(96)])
+    got = _jensen_shannon_pairwise(np.float32(p), np.float32(q))
+    assert expected.max() > 1e-3
+    np.testing.assert_allclose(got, expected, atol=1e-8 + 1e-6 * expected.max())
+    grad = jax.grad(lambda p: jnp.sum(jensen_shannon_pairwise(p, np.float32(q))))(np.float32(p))
+    assert np.all(np.isfinite(grad))
+    # d/dp_ik sum_j JSD(p_i, q_j) = sum_j log(p_ik / m_ijk) / 2, from the per-pair form
+    want = jax.grad(
+        lambda p: jnp.sum(jensen_shannon(p[:, None, :], np.float64(q)[None, :, :], axis=-1))
+    )(np.float64(p))
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------- confident set
 
 
