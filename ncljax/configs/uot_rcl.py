@@ -32,7 +32,7 @@ setting of ``configs/ce.py:vectors`` (MLPs ``D -> 1024 -> 1024 -> 256``, Adam 3e
 100, 50 epochs) with the paper's method values and kappa 50. Its neighbour search is exact,
 ``N^2`` work before each epoch (about a minute at 10^5 pairs on 2 CPU cores); on a larger
 folder ``--config.method_kwargs.knn=blocks`` searches nearby pairs only (a minute at 10^6,
-about 90% of the exact neighbours; ``ncljax.labels.knn_cosine_blocks``), and
+about 97% of the exact neighbours; ``ncljax.labels.knn_cosine_blocks``), and
 ``--config.method_kwargs.embeddings=disk`` keeps the refresh's embeddings in files in the
 workdir, read in chunks, so that its memory does not grow with the pairs times the
 embedding's 256 dimensions (the same labels; ``ncljax.labels.correct_labels_on_disk``).
