@@ -69,13 +69,13 @@ def test_exact_votes_are_the_votes_of_the_exact_neighbours(
 
 @pytest.mark.parametrize(
     "block, probes, chunk, fanout",
-    [(16, 3, 64, 64), (32, 2, 40, 64), (64, 8, 256, 64), (16, 3, 64, 3), (8, 4, 50, 4)],
+    [(16, 3, 64, 64), (32, 2, 40, 64), (64, 8, 256, 64), (8, 4, 50, 4)],
 )
 def test_block_votes_are_the_votes_of_the_block_search(
     tmp_path, world, block, probes, chunk, fanout
 ):
-    """One k-means of every block (``fanout`` 64), or a k-means tree (3 and 4: ``(3, 3,
-    3)`` and ``(4, 3, 3)`` centroids a level)."""
+    """One k-means of every block (``fanout`` 64), or a k-means tree (``fanout`` 4: ``(4,
+    3, 3)`` centroids a level)."""
     z, targets = world[1], jnp.asarray(world[4])
     key = jax.random.key(5)
     index, similarity = correction.knn_cosine_blocks(
