@@ -15,9 +15,9 @@ unit vectors): ``2 x`` the largest batch training pairs of ``--dim`` image vecto
 ``x ~ N(0, I)`` and captions ``t = x W + 0.5 e`` (a fixed random ``W``), ``--mismatched``
 (0.2) of the captions moved to another image (``vectors.mismatch_texts``), and clean val
 and test splits of ``--eval-images`` pairs; with ``--classes=C`` also class labels, which
-UOT-RCL needs (``--methods=uot_rcl --classes=10``; the default methods are those without). Without ``--folder`` it goes to a temporary
-directory, deleted at the end; with ``--folder`` it is written there unless a folder is
-already there, and kept.
+UOT-RCL needs (``--methods=uot_rcl --classes=10``; the default methods are those
+without). Without ``--folder`` it goes to a temporary directory, deleted at the end; with
+``--folder`` it is written there unless a folder is already there, and kept.
 
 Each case builds the method as ``ncljax train --config=<method>:vectors
 --config.data.folder=DIR --config.train.batch_size=B`` does (``ncljax.config.get``, then
