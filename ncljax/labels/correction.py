@@ -492,9 +492,13 @@ def _block_order(
             members, counts = jnp.argsort(leaf, stable=True), jnp.bincount(leaf, length=groups)
         slots = tree_draw(key, level, counts, fan, sample)
         centroids = group_centroids(unit[members[slots]], clusters=fan, iterations=iterations)
-        found = nearest_in_node(unit, leaf[members], centroids, index=members)
+        found = nearest_in_node(unit, leaf[members], centroids, index=members, rows=NODE_ROWS)
         leaf = leaf * fan + jnp.zeros_like(leaf).at[members].set(found)
     return jnp.argsort(leaf, stable=True).astype(jnp.int32)
+
+
+# rows per chunk of nearest_in_node in the k-means tree (the form on disk reads whole chunks)
+NODE_ROWS = 1024
 
 
 def check_fanout(fanout) -> None:

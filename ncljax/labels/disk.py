@@ -128,13 +128,13 @@ _probe_blocks = jax.jit(correction.knn_cosine, static_argnames=("k", "exclude_se
 _tree_draw = jax.jit(correction.tree_draw, static_argnums=(1, 3, 4))
 _group_centroids = jax.jit(correction.group_centroids, static_argnames=("clusters", "iterations"))
 _nearest_in_node = jax.jit(correction.nearest_in_node, static_argnames=("rows", "window"))
-_NODE_ROWS = 1024  # nearest_in_node's chunk, as the one-array form runs it
 
 
 def _block_order(z, num_blocks, key, *, sample, iterations, fanout, chunk, name) -> np.ndarray:
     """``correction._block_order`` over rows on disk: the k-means (or the k-means tree,
-    level by level) of the same draws, each row's nearest centroid a chunk at a time in
-    the order of the rows, then a stable sort by centroid (or leaf)."""
+    level by level) of the same draws, each row's nearest centroid a chunk at a time (in
+    the order of the rows; in the tree, of the rows sorted by node, in the one-array
+    form's chunks), then a stable sort by centroid (or leaf)."""
     num_samples = z.shape[0]
     if num_blocks == 1:
         return np.arange(num_samples, dtype=np.int32)
@@ -160,12 +160,15 @@ def _block_order(z, num_blocks, key, *, sample, iterations, fanout, chunk, name)
         cluster = np.empty(num_samples, np.int32)
         # in node order, in reads of whole chunks of nearest_in_node's (so that its
         # chunks are the one-array form's), each padded with its last row
-        read = max(_NODE_ROWS, min(chunk, num_samples) // _NODE_ROWS * _NODE_ROWS)
+        read = max(
+            correction.NODE_ROWS,
+            min(chunk, num_samples) // correction.NODE_ROWS * correction.NODE_ROWS,
+        )
         for first, stop in _chunks(num_samples, read):
             some = members[first:stop]
             some = np.concatenate([some, np.full(read - some.size, some[-1], some.dtype)])
             unit = _unit(read_rows(z, some))
-            found = _nearest_in_node(unit, leaf[some], centroids, rows=_NODE_ROWS)
+            found = _nearest_in_node(unit, leaf[some], centroids, rows=correction.NODE_ROWS)
             cluster[members[first:stop]] = np.asarray(found)[: stop - first]
         del members
         leaf = leaf * fan + cluster
