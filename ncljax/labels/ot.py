@@ -30,8 +30,10 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 
-def _solve_sinkhorn(cost, *, epsilon, a, b, threshold, max_iterations):
-    """Entropic OT between marginals ``a`` and ``b`` with ott-jax's Sinkhorn.
+def _solve_sinkhorn(cost, *, epsilon, a, b, threshold, max_iterations, anderson=0):
+    """Entropic OT between marginals ``a`` and ``b`` with ott-jax's Sinkhorn, in the log
+    domain, with ott's Anderson acceleration over the last ``anderson`` potentials where
+    ``anderson`` is positive.
 
     ott-jax is imported here, not at module load: importing it takes about a
     second, which every command that never solves a transport problem (the
@@ -39,11 +41,22 @@ def _solve_sinkhorn(cost, *, epsilon, a, b, threshold, max_iterations):
     """
     from ott.geometry import geometry
     from ott.problems.linear import linear_problem
-    from ott.solvers.linear import sinkhorn
+    from ott.solvers.linear import acceleration, sinkhorn
 
+    _check_anderson(anderson)
     geom = geometry.Geometry(cost_matrix=cost, epsilon=epsilon)
-    solver = sinkhorn.Sinkhorn(threshold=threshold, max_iterations=max_iterations)
+    accelerate = acceleration.AndersonAcceleration(memory=anderson) if anderson else None
+    solver = sinkhorn.Sinkhorn(
+        threshold=threshold, max_iterations=max_iterations, anderson=accelerate
+    )
     return solver(linear_problem.LinearProblem(geom, a=a, b=b))
+
+
+def _check_anderson(anderson) -> None:
+    if isinstance(anderson, bool) or not isinstance(anderson, int) or anderson < 0:
+        raise ValueError(
+            f"anderson must be an integer >= 0 (0: plain Sinkhorn), got {anderson!r}"
+        )
 
 
 def mass_schedule(
@@ -272,6 +285,7 @@ def relation_plan(
     epsilon: ArrayLike = 0.1,
     threshold: float = 1e-5,
     max_iterations: int = 1000,
+    anderson: int = 5,
 ) -> RelationPlan:
     r"""Entropic OT plan between batch images and texts on a relation cost.
 
@@ -311,6 +325,12 @@ def relation_plan(
         cost (default 0.1).
       threshold: Sinkhorn stopping tolerance (L1 error of the column marginals).
       max_iterations: Sinkhorn iteration cap.
+      anderson: Anderson acceleration of the Sinkhorn iterations over this many past
+        potentials (static; ott's ``AndersonAcceleration``), or 0 for plain Sinkhorn.
+        The fixed point is the same; on the relation costs of a training run (batch
+        1,024, ``benchmarks/relation_plan.py``) memory 5 stops after 20 iterations
+        where plain Sinkhorn takes 30-70 (150 at ``epsilon=0.05``, 410 at 0.02, against
+        30 and 50), and lands nearer the converged plan.
 
     Returns:
       :class:`RelationPlan` with ``plan``, ``image_to_text``, ``text_to_image``
@@ -340,6 +360,7 @@ def relation_plan(
         b=marginal,
         threshold=threshold,
         max_iterations=max_iterations,
+        anderson=anderson,
     )
 
     plan = jax.lax.stop_gradient(jnp.where(pair_valid, out.matrix, 0.0))

@@ -81,7 +81,8 @@ def _np_relation_plan(z_image, z_text, anchors_image, anchors_text, anchor_mask,
     return plan / plan.sum(1, keepdims=True), plan.T / plan.T.sum(1, keepdims=True)
 
 
-def test_loss_against_numpy():
+@pytest.mark.parametrize("anderson", [0, 5])
+def test_loss_against_numpy(anderson):
     rng = np.random.default_rng(9)
     b, k, g, d = 5, 3, 4, 4
     z_image, z_text = (rng.normal(size=(b, d)) for _ in range(2))
@@ -100,6 +101,7 @@ def test_loss_against_numpy():
         match_temperature=0.25,
         relation_threshold=1e-6,
         relation_max_iterations=5000,
+        relation_anderson=anderson,
     )
     batch = {"mask": jnp.ones(b, bool)}
     loss_fn = jax.jit(lambda o, r: uot_rcl.loss(s, o, batch, r, {}, _ctx(MAIN)))
