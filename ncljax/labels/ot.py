@@ -54,9 +54,7 @@ def _solve_sinkhorn(cost, *, epsilon, a, b, threshold, max_iterations, anderson=
 
 def _check_anderson(anderson) -> None:
     if isinstance(anderson, bool) or not isinstance(anderson, int) or anderson < 0:
-        raise ValueError(
-            f"anderson must be an integer >= 0 (0: plain Sinkhorn), got {anderson!r}"
-        )
+        raise ValueError(f"anderson must be an integer >= 0 (0: plain Sinkhorn), got {anderson!r}")
 
 
 def mass_schedule(

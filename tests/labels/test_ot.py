@@ -31,9 +31,7 @@ F32_ATOL = 1e-5
 # Eager calls retrace the Sinkhorn loop on every call; jit once per setting instead.
 # test_jit_equals_eager_and_traces_once covers the eager path.
 _partial_jit = jax.jit(partial_ot_labels, static_argnames=("threshold", "max_iterations", "shift"))
-relation_jit = jax.jit(
-    relation_plan, static_argnames=("threshold", "max_iterations", "anderson")
-)
+relation_jit = jax.jit(relation_plan, static_argnames=("threshold", "max_iterations", "anderson"))
 
 
 def partial_jit(cost, *, mass, epsilon, corner=None, **kwargs):
