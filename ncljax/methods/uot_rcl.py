@@ -100,8 +100,8 @@ class Settings(NamedTuple):
       knn: the neighbour search, ``'exact'`` (every pair against every other, ``N^2 D``
         work: about a minute at 10^5 pairs on 2 CPU cores, hours at 10^6) or
         ``'blocks'``, an approximate search among nearby pairs
-        (``ncljax.labels.knn_cosine_blocks``: ``N * knn_probes * knn_block * D`` work; 6 s
-        at 10^5 pairs with recall 0.98, a minute at 10^6 with recall 0.88 on clustered
+        (``ncljax.labels.knn_cosine_blocks``: ``N * knn_probes * knn_block * D`` work; 6.5 s
+        at 10^5 pairs with recall 0.99, 71 s at 10^6 with recall 0.97 on clustered
         embeddings, ``benchmarks/RESULTS.md``) [ncljax; the paper searches exactly].
       knn_block: rows per block of the approximate search (1024).
       knn_probes: blocks each block searches (16).
