@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ncljax.models import linear
+
 
 def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-8) -> jax.Array:
     """``x / max(||x||_2, eps)`` along ``axis``.
@@ -21,7 +23,12 @@ def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-8) -> jax.Array:
 
 
 def _linear_stack(dims: Sequence[int], rngs: nnx.Rngs) -> nnx.List:
-    return nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(dims)])
+    return nnx.List(
+        [
+            nnx.Linear(a, b, dot_general=linear.dot_general, rngs=rngs)
+            for a, b in itertools.pairwise(dims)
+        ]
+    )
 
 
 def _apply_stack(layers: nnx.List, x: jax.Array) -> jax.Array:

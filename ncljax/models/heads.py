@@ -8,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from ncljax.losses import classification
+from ncljax.models import linear
 
 
 def cosine_similarity(image_emb: jax.Array, text_emb: jax.Array) -> jax.Array:
@@ -64,6 +65,7 @@ def _torch_linear(in_dim: int, out_dim: int, rngs: nnx.Rngs) -> nnx.Linear:
         out_dim,
         kernel_init=nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform"),
         bias_init=bias_init,
+        dot_general=linear.dot_general,
         rngs=rngs,
     )
 

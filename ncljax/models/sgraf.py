@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from ncljax.models import encoders
+from ncljax.models import encoders, linear
 
 _l2 = encoders.l2_normalize
 _XAVIER = jax.nn.initializers.glorot_uniform()
@@ -38,7 +38,9 @@ _INTRA_EPS = 1e-6  # GSC's intra-modal passes add it to squared differences / co
 
 def _linear(in_dim: int, out_dim: int, rngs: nnx.Rngs) -> nnx.Linear:
     """SGRAF's init: Xavier-uniform weights, zero bias."""
-    return nnx.Linear(in_dim, out_dim, kernel_init=_XAVIER, rngs=rngs)
+    return nnx.Linear(
+        in_dim, out_dim, kernel_init=_XAVIER, dot_general=linear.dot_general, rngs=rngs
+    )
 
 
 def _matmul(subscripts: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
