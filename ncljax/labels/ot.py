@@ -326,9 +326,9 @@ def relation_plan(
       anderson: Anderson acceleration of the Sinkhorn iterations over this many past
         potentials (static; ott's ``AndersonAcceleration``), or 0 for plain Sinkhorn.
         The fixed point is the same; on the relation costs of a training run (batch
-        1,024, ``benchmarks/relation_plan.py``) memory 5 stops after 20 iterations
-        where plain Sinkhorn takes 30-70 (150 at ``epsilon=0.05``, 410 at 0.02, against
-        30 and 50), and lands nearer the converged plan.
+        1,024, ``benchmarks/relation_plan.py``) memory 5 stops after at most 20
+        iterations where plain Sinkhorn takes up to 80 (180 at ``epsilon=0.05``, 450 at
+        0.02, against 30 and 50), and lands nearer the converged plan.
 
     Returns:
       :class:`RelationPlan` with ``plan``, ``image_to_text``, ``text_to_image``
