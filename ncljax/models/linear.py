@@ -9,7 +9,7 @@ that transpose into the optimiser's elementwise update, which then reads the gra
 down its columns. With 1,024 rows of 4 KiB that read is strided by a power of two and
 runs at a tenth of the memory's pace: in UOT-RCL's ``:vectors`` step at batch 1,024 (MLPs
 256 -> 1024 -> 1024 -> 256) the six updates of the two ``1,024 x 1,024`` weights and
-their Adam moments took 54 ms of a 296 ms step (``benchmarks/RESULTS.md``).
+their Adam moments took 9-11 ms each, 59 ms of a 242 ms step (``benchmarks/RESULTS.md``).
 
 :func:`dot_general` is a drop-in ``dot_general`` for ``nnx.Linear`` whose backward pass
 computes ``dx = g W^T`` and ``dW = x^T g`` itself (a ``jax.custom_vjp``): the batched
