@@ -17,7 +17,9 @@ weight gradient is then a product ``[net, in, out]`` in the weight's layout. The
 forward pass and both products are the ones autodiff writes; only the summation order of
 the batched weight gradient can differ (round-off). Every other product (another
 contraction, a ``precision``, a ``preferred_element_type``, an output sharding, mixed
-dtypes) goes to ``lax.dot_general`` unchanged.
+dtypes) goes to ``lax.dot_general`` unchanged. Being a ``custom_vjp``, the product has no
+forward-mode derivative (``jax.jvp``, ``jax.jacfwd``); a layer built with the default
+``lax.dot_general`` has one.
 """
 
 from __future__ import annotations
