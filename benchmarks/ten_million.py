@@ -8,14 +8,17 @@ r"""A web-scale vectors folder trained, divided and audited on one machine.
       --override=method_kwargs.warmup_epochs=1 --override=method_kwargs.knn=blocks \
       --override=method_kwargs.embeddings=disk                            # UOT-RCL
 
-Writes ``--dir/pairs_<N>x<dim>/`` (``ncljax.data.vectors``'s layout, float16): image vectors
+Writes ``--dir/pairs_<N>x<dim>/`` (``ncljax.data.vectors``'s layout, float16; ``_captions``
+at the end of the name with ``--captions``): image vectors
 ``x ~ N(0, I)`` and caption vectors ``t = x W + 0.5 e`` (a fixed random ``W``, fresh noise
 ``e``), with ``--mismatched`` of the training captions moved to another image beforehand
 (to another image of the same 65,536-row chunk; their indices saved beside the folder
 as ``<folder>_mismatched.npy``), val and test of
-``--eval_images`` clean pairs. With ``--classes=C`` each image also gets a class (the
-largest of its first ``C`` coordinates), ``--label_noise`` of the training labels replaced
-by another class (their indices in ``<folder>_flipped.npy``), for the label methods.
+``--eval_images`` clean pairs (each split with its image ids, and with ``--captions`` a
+60-character caption per pair, which the audit exports). With ``--classes=C`` each image
+also gets a class (the largest of its first ``C`` coordinates), ``--label_noise`` of the
+training labels replaced by another class (their indices in ``<folder>_flipped.npy``),
+for the label methods.
 Writing streams in chunks: memory stays bounded.
 
 Then runs, each in its own process under ``/usr/bin/time`` (wall time and peak resident
@@ -122,6 +125,11 @@ def write(folder: str, args) -> float:
         _write_matrix(vectors.path_of(folder, split, "images"), n, dim, image_block)
         _write_matrix(vectors.path_of(folder, split, "texts"), n, dim, text_block)
         _lines(vectors.path_of(folder, split, "image_ids"), (f"{i}.jpg" for i in range(n)))
+        if args.captions:  # a caption per pair of a crawl's alt-text length (60 characters)
+            _lines(
+                vectors.path_of(folder, split, "captions"),
+                (f"{split} caption {k:09d}, about as long as a crawled alt text" for k in range(n)),
+            )
     open(done, "w").close()
     return time.perf_counter() - tic
 
@@ -190,6 +198,11 @@ def main() -> None:
         "label methods (UOT-RCL), with --label_noise of the training labels wrong",
     )
     parser.add_argument("--label_noise", type=float, default=0.2)
+    parser.add_argument(
+        "--captions",
+        action="store_true",
+        help="write {split}_captions.txt too (60 characters a line), which the audit exports",
+    )
     parser.add_argument("--cleanup", action="store_true")
     parser.add_argument(
         "--override",
@@ -199,7 +212,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     classes = f"_c{args.classes}" if args.classes else ""
-    folder = os.path.join(args.dir, f"pairs_{args.pairs}x{args.dim}{classes}")
+    texts = "_captions" if args.captions else ""
+    folder = os.path.join(args.dir, f"pairs_{args.pairs}x{args.dim}{classes}{texts}")
     seconds = write(folder, args)
     print(
         json.dumps(

@@ -87,7 +87,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -131,8 +131,9 @@ class PairScores(NamedTuple):
         it treats as noisy), or ``None`` where it has no fixed one.
       score: what ``clean_score`` is, in words.
       threshold_rule: where ``threshold`` comes from, in words.
-      image_ids: the id of the image each pair was trained with, or ``None``.
-      captions: each pair's caption, or ``None``.
+      image_ids: the id of the image each pair was trained with (a sequence that reads
+        each from the folder's file when indexed), or ``None``.
+      captions: each pair's caption (read the same way), or ``None``.
       labels: the noisy-label methods' ``LABEL_FIELDS`` arrays, or ``None``.
       checkpoint: ``step``, ``epochs_completed``, ``num_epochs``, ``mid_epoch`` and
         ``finished`` (the run wrote ``results.json``) of the checkpoint read.
@@ -162,8 +163,8 @@ class PairScores(NamedTuple):
     threshold: float | None
     score: str
     threshold_rule: str
-    image_ids: list[str] | None
-    captions: list[str] | None
+    image_ids: Sequence[str] | None
+    captions: Sequence[str] | None
     labels: dict[str, np.ndarray] | None
     checkpoint: dict[str, Any]
     notes: tuple[str, ...]
@@ -285,17 +286,44 @@ def _restore_model(workdir: str, like: dict) -> tuple[dict, int, str, list[str],
     return restored.state, restored.step, "latest", notes, -1
 
 
-def _display(config, split) -> tuple[list[str] | None, list[str] | None]:
-    """Per pair: the id of its image and its caption, where the dataset gives them."""
+class _PairedIds(Sequence):
+    """Pair ``k``'s image id: line ``image_index[k]`` of the image ids, read when asked
+    for."""
+
+    def __init__(self, image_ids: Sequence[str], image_index: np.ndarray):
+        self._ids, self._index = image_ids, image_index
+
+    def __len__(self) -> int:
+        return self._index.size
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return self.take(np.arange(len(self))[k])
+        return self._ids[int(self._index[k])]
+
+    def take(self, pairs) -> list[str]:
+        return _texts_at(self._ids, self._index[np.asarray(pairs, np.int64)])
+
+
+def _texts_at(texts: Sequence[str], rows) -> list[str]:
+    """``texts`` at ``rows``: many lines at once where ``texts`` reads them from a file."""
+    if hasattr(texts, "take"):
+        return texts.take(rows)
+    return [texts[k] for k in rows]
+
+
+def _display(config, split) -> tuple[Sequence[str] | None, Sequence[str] | None]:
+    """Per pair: the id of its image and its caption, where the dataset gives them (read
+    from the folder's text files row by row as the tables are written: what stays in
+    memory is an offset per line, not the text)."""
     if config.data.name != "vectors":
         return None, None
     from ncljax.data import vectors  # the vectors reader: only its runs
 
     image_ids, captions = vectors.display_texts(config.data, "train")
     if image_ids is not None:
-        image_index = pipeline.paired_images(split, config.noise)
-        image_ids = [image_ids[i] for i in image_index]
-    return image_ids, (list(captions) if captions is not None else None)
+        image_ids = _PairedIds(image_ids, pipeline.paired_images(split, config.noise))
+    return image_ids, captions
 
 
 def _label_columns(method, memory0, pairs) -> dict[str, np.ndarray]:
@@ -770,8 +798,8 @@ def rows(scores: PairScores, chunk: int = ROW_CHUNK) -> Iterator[dict]:
             "rank": scores.rank[part].tolist(),
             "index": part.tolist(),
             "clean_score": scores.clean_score[part].tolist(),
-            "image_id": [scores.image_ids[k] for k in part] if scores.image_ids else empty,
-            "caption": [scores.captions[k] for k in part] if scores.captions else empty,
+            "image_id": _texts_at(scores.image_ids, part) if scores.image_ids else empty,
+            "caption": _texts_at(scores.captions, part) if scores.captions else empty,
             "step": [step] * part.size,
         }
         if scores.model_score is not None:

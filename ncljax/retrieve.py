@@ -91,7 +91,8 @@ class Run(NamedTuple):
       encoded: the evaluator's encoding of the split (``[n, K, ...]`` representations,
         ``sim_fn`` and ``params``).
       mesh: the mesh the run evaluates on.
-      image_ids: ``[num_images]`` display ids, or None (only vectors folders give them).
+      image_ids: ``[num_images]`` display ids, or None (only vectors folders give them;
+        ``vectors.TextLines``, each line read when indexed).
       captions: ``[num_captions]`` caption texts, or None.
       encode_items: ``(side, items) -> [n, K, ...]`` representations of new images or
         captions by the same model (:func:`encode`); None where the run was not loaded.
@@ -104,8 +105,8 @@ class Run(NamedTuple):
     method: Method
     encoded: evaluator_lib.Encoded
     mesh: Mesh
-    image_ids: list[str] | None
-    captions: list[str] | None
+    image_ids: Sequence[str] | None
+    captions: Sequence[str] | None
     encode_items: Callable | None = None
     info: Any = None
 
@@ -167,7 +168,7 @@ def load(workdir: str, split: str = "test") -> Run:
     )
 
 
-def _display_texts(config, split: str) -> tuple[list[str] | None, list[str] | None]:
+def _display_texts(config, split: str) -> tuple[Sequence[str] | None, Sequence[str] | None]:
     if config.data.name != "vectors":
         return None, None
     from ncljax.data import vectors  # only a vectors folder carries ids and captions

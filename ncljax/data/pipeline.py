@@ -293,9 +293,19 @@ def batches(
 SHUFFLE_STREAM = 0x5F1E
 
 
+def index_dtype(num: int) -> np.dtype:
+    """The integer type of indices into ``num`` records: int32 where it holds them (half
+    the memory of int64 for an epoch's orders and streams), int64 beyond."""
+    return np.dtype(np.int32 if num <= np.iinfo(np.int32).max else np.int64)
+
+
 def shuffled(num: int, key: tuple[int, ...]) -> np.ndarray:
-    """The permutation of ``range(num)`` of shuffle ``key`` (an epoch, a pass, a cycle)."""
-    return np.random.default_rng((SHUFFLE_STREAM, *key)).permutation(num)
+    """The permutation of ``range(num)`` of shuffle ``key`` (an epoch, a pass, a cycle), in
+    :func:`index_dtype`: ``Generator.shuffle`` of ``arange(num)``, the permutation that
+    ``Generator.permutation(num)`` gives (the same draws whatever the integer type)."""
+    order = np.arange(num, dtype=index_dtype(num))
+    np.random.default_rng((SHUFFLE_STREAM, *key)).shuffle(order)
+    return order
 
 
 class StreamOrder(NamedTuple):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import math
+import mmap
 import os
 from collections.abc import Mapping, Sequence
 
@@ -349,6 +350,99 @@ def read_lines(path: str) -> list[str]:
     return lines
 
 
+def _line_starts(data: np.ndarray) -> np.ndarray:
+    """Where each line of the bytes ``data`` begins, and where the last one ends: int64
+    ``[lines + 1]``, lines as :func:`count_lines` counts them (a leading byte-order mark
+    skipped). Scans ``CHUNK_BYTES`` at a time: the temporaries are the chunk's."""
+    size = data.size
+    first = len(codecs.BOM_UTF8) if data[: len(codecs.BOM_UTF8)].tobytes() == codecs.BOM_UTF8 else 0
+    parts = [np.array([first], np.int64)]
+    for lo in range(first, size, CHUNK_BYTES):
+        chunk = data[lo : min(lo + CHUNK_BYTES, size)]
+        feeds, returns = np.flatnonzero(chunk == 10), np.flatnonzero(chunk == 13)
+        after = returns + (lo + 1)  # a \r that a \n follows breaks with the \n
+        crlf = np.zeros(returns.size, bool)
+        crlf[after < size] = data[after[after < size]] == 10
+        parts.append(np.union1d(feeds, returns[~crlf]).astype(np.int64) + (lo + 1))
+    starts = np.concatenate(parts)
+    return starts if starts[-1] == size else np.append(starts, np.int64(size))
+
+
+_LINES_AT_ONCE = 1 << 16  # lines decoded at a time when iterating or searching
+
+
+class TextLines(Sequence):
+    """The lines of a UTF-8 text file, each read from the memory-mapped file when asked
+    for: the process keeps one int64 offset per line, not the text (a crawl's captions
+    held as Python strings cost over 100 bytes each). The lines are :func:`read_lines`'s
+    (line breaks ``\\n``, ``\\r\\n`` or ``\\r``, a leading byte-order mark dropped); an
+    integer gives a ``str``, a slice a ``list``, and :meth:`take` many lines at once. The
+    file is not checked here: the folder's checks (:func:`display_texts`) read it once as
+    UTF-8 first.
+
+    Raises:
+      PermissionError: the file may not be read.
+    """
+
+    def __init__(self, path: str):
+        _check_readable(path)
+        self.path = path
+        if os.path.getsize(path) == 0:  # mmap refuses an empty file
+            self._buffer, self._bytes = b"", np.zeros(0, np.uint8)
+        else:
+            with open(path, "rb") as f:
+                self._buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._bytes = np.frombuffer(self._buffer, np.uint8)
+        self._starts = _line_starts(self._bytes)
+
+    def __len__(self) -> int:
+        return self._starts.size - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.take(np.arange(len(self))[index])
+        return self.take([index])[0]
+
+    def take(self, indices) -> list[str]:
+        """The lines at ``indices`` (integers; negative ones count from the end)."""
+        n = len(self)
+        k = np.asarray(indices, np.int64).reshape(-1)
+        k = np.where(k < 0, k + n, k)
+        if k.size and (k.min() < 0 or k.max() >= n):
+            bad = np.asarray(indices).reshape(-1)[(k < 0) | (k >= n)][0]
+            raise IndexError(f"line {bad} of {n} in {self.path}")
+        start, stop = self._starts[k], self._starts[k + 1]
+        if k.size:  # the line break at the end: \r\n, \n or \r
+            last = self._bytes[np.maximum(stop - 1, 0)]
+            before = self._bytes[np.maximum(stop - 2, 0)]
+            crlf = (last == 10) & (before == 13) & (stop - 2 >= start)
+            stop = stop - np.where(crlf, 2, ((last == 10) | (last == 13)).astype(np.int64))
+        text = self._buffer
+        return [
+            text[a:b].decode("utf-8") for a, b in zip(start.tolist(), stop.tolist(), strict=True)
+        ]
+
+    def __iter__(self):
+        for lo in range(0, len(self), _LINES_AT_ONCE):
+            yield from self.take(np.arange(lo, min(lo + _LINES_AT_ONCE, len(self))))
+
+    def index(self, value, start: int = 0, stop: int | None = None) -> int:
+        """The first line equal to ``value`` in ``[start, stop)``, read in blocks.
+
+        Raises:
+          ValueError: no such line.
+        """
+        first, last, _ = slice(start, stop).indices(len(self))
+        for lo in range(first, last, _LINES_AT_ONCE):
+            block = self.take(np.arange(lo, min(lo + _LINES_AT_ONCE, last)))
+            if value in block:
+                return lo + block.index(value)
+        raise ValueError(f"{value!r} is not a line of {self.path}")
+
+    def __repr__(self) -> str:
+        return f"TextLines({self.path!r}, {len(self)} lines)"
+
+
 # ----------------------------------------------------------------------------- the folder
 
 
@@ -635,7 +729,7 @@ def _make(cfg) -> VectorsDataset:
     return VectorsDataset(cfg)
 
 
-def display_texts(data_config, split: str) -> tuple[list[str] | None, list[str] | None]:
+def display_texts(data_config, split: str) -> tuple[TextLines | None, TextLines | None]:
     """The image ids and captions of ``split`` for display and export.
 
     Args:
@@ -644,7 +738,8 @@ def display_texts(data_config, split: str) -> tuple[list[str] | None, list[str] 
 
     Returns:
       ``(image_ids, captions)``: the lines of ``{split}_image_ids.txt`` (one per image)
-      and ``{split}_captions.txt`` (one per caption), each None when the file is absent.
+      and ``{split}_captions.txt`` (one per caption) as :class:`TextLines` (each line
+      read when asked for), each None when the file is absent.
 
     Raises:
       FileNotFoundError: the folder or the split's vectors are missing.
@@ -667,7 +762,7 @@ def display_texts(data_config, split: str) -> tuple[list[str] | None, list[str] 
     )
     _check_lines(split_files)
     return tuple(
-        None if p is None else read_lines(p) for p in (present["image_ids"], present["captions"])
+        None if p is None else TextLines(p) for p in (present["image_ids"], present["captions"])
     )
 
 

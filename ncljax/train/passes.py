@@ -44,7 +44,7 @@ def _indices(value, num_samples: int, what: str) -> np.ndarray:
     value = np.asarray(value).reshape(-1)
     if value.size and not np.issubdtype(value.dtype, np.integer):
         raise ValueError(f"streams_fn returned {what} of dtype {value.dtype}; use integers.")
-    value = value.astype(np.int64)
+    value = value.astype(pipeline.index_dtype(num_samples))
     if value.size > num_samples or (value.size and (value.min() < 0 or value.max() >= num_samples)):
         raise ValueError(
             f"streams_fn returned {what} with {value.size} entries in "
@@ -54,12 +54,16 @@ def _indices(value, num_samples: int, what: str) -> np.ndarray:
     return value
 
 
+def _every(n: int) -> np.ndarray:
+    return np.arange(n, dtype=pipeline.index_dtype(n))
+
+
 def method_streams(method: Method, memory, plan: EpochPlan, network: int | None, n: int) -> Streams:
     """``method.streams_fn`` checked, with ``None`` main meaning every pair."""
     if method.streams_fn is None:
-        return Streams(np.arange(n), None)
+        return Streams(_every(n), None)
     streams = method.streams_fn(memory, plan, network)
-    main = np.arange(n) if streams.main is None else _indices(streams.main, n, "a main stream")
+    main = _every(n) if streams.main is None else _indices(streams.main, n, "a main stream")
     aux = None if streams.aux is None else _indices(streams.aux, n, "an auxiliary stream")
     return Streams(main, aux)
 
@@ -145,8 +149,7 @@ def decode_streams(saved: dict) -> list[Streams]:
         if lengths[p, 0] < 0:
             break
         sets = [
-            indices[p, s, : lengths[p, s]].astype(np.int64) if lengths[p, s] >= 0 else None
-            for s in range(2)
+            indices[p, s, : lengths[p, s]].copy() if lengths[p, s] >= 0 else None for s in range(2)
         ]
         out.append(Streams(*sets))
     return out

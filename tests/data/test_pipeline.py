@@ -519,3 +519,17 @@ def test_prefetch_to_device_puts_ahead_and_keeps_order(size):
         assert ("put", min(k + ahead - 1, 4)) in before_step
         if k + ahead <= 4:
             assert ("put", k + ahead) not in before_step
+
+
+@pytest.mark.parametrize("num", [0, 1, 7, 1000, 65_537])
+def test_a_shuffle_is_numpys_permutation_in_int32(num):
+    """The epoch orders are int32 (half the memory of int64) and the very permutation
+    ``Generator.permutation`` gives for the same key, so runs and checkpoints made before
+    keep their batches."""
+    for key in ((0, 0), (3, 5, 1), (3, 5, 1, 2)):
+        order = pipeline.shuffled(num, key)
+        oracle = np.random.default_rng((pipeline.SHUFFLE_STREAM, *key)).permutation(num)
+        assert order.dtype == np.int32
+        np.testing.assert_array_equal(order, oracle)
+    assert pipeline.index_dtype(2**31 - 1) == np.int32
+    assert pipeline.index_dtype(2**31) == np.int64

@@ -104,8 +104,8 @@ def test_the_folder_reads_back_what_was_written(tmp_path, dtype, cpi, extras):
             np.testing.assert_array_equal(caption["global_text"], written["texts"][k])
             assert caption["label"] == labels[k // cpi]
         ids, captions = vectors.display_texts(data_config(tmp_path), split)
-        assert ids == (written["image_ids"] if extras else None)
-        assert captions == (written["captions"] if extras else None)
+        assert (ids and list(ids)) == (written["image_ids"] if extras else None)
+        assert (captions and list(captions)) == (written["captions"] if extras else None)
 
 
 def test_the_training_pairs_are_the_folders_rows(tmp_path):
@@ -504,18 +504,46 @@ def test_cr_line_ends_and_a_byte_order_mark_read_as_lines(tmp_path, monkeypatch)
         for chunk in (1, 2, 3, 1 << 20):
             monkeypatch.setattr(vectors, "CHUNK_BYTES", chunk)
             assert vectors.count_lines(str(path)) == len(lines), (content, chunk)
+            assert list(vectors.TextLines(str(path))) == lines, (content, chunk)
         assert vectors.read_lines(str(path)) == lines, content
     rng = np.random.default_rng(0)  # oracle: Python's universal newlines (read_lines)
     for _ in range(200):
         path.write_bytes(b"".join(rng.choice([b"a", b"\r", b"\n", "é".encode()], size=9)))
+        expected = vectors.read_lines(str(path))
         for chunk in (1, 2, 3):
             monkeypatch.setattr(vectors, "CHUNK_BYTES", chunk)
-            assert vectors.count_lines(str(path)) == len(vectors.read_lines(str(path)))
+            assert vectors.count_lines(str(path)) == len(expected)
+            read = vectors.TextLines(str(path))
+            assert list(read) == expected
+            assert read.take(np.arange(len(expected))[::-1]) == expected[::-1]
     path.write_bytes(b"a\r\nb\rc\n\xc3\xa9\r\xff\n")
     for chunk in (1, 2, 3, 4, 1 << 20):
         monkeypatch.setattr(vectors, "CHUNK_BYTES", chunk)
         with pytest.raises(ValueError, match=r"is not UTF-8 \(line 5\)"):
             vectors.count_lines(str(path))
+
+
+def test_text_lines_index_like_a_list(tmp_path, monkeypatch):
+    """``TextLines`` answers integers, negative ones and slices as the list of
+    ``read_lines`` does, and refuses an index out of range; an empty file has no line."""
+    path = tmp_path / "t.txt"
+    path.write_bytes("x\r\ny é\rz\n\nlast".encode())
+    lines, oracle = vectors.TextLines(str(path)), ["x", "y é", "z", "", "last"]
+    assert len(lines) == 5 and lines[1] == "y é" and lines[-1] == "last"
+    assert lines[1:4] == oracle[1:4] and lines[::-2] == oracle[::-2]
+    assert lines.take([4, 0, -4, 3, 0]) == [oracle[k] for k in (4, 0, -4, 3, 0)]
+    assert lines.take([]) == []
+    assert lines.index("z") == 2 and "last" in lines and "y" not in lines
+    assert lines.index("", 1, 4) == 3 and lines.index("x", -5) == 0
+    with pytest.raises(ValueError, match="'x' is not a line of"):
+        lines.index("x", 1)
+    monkeypatch.setattr(vectors, "_LINES_AT_ONCE", 2)
+    assert list(lines) == oracle and lines.index("last") == 4
+    for bad in (5, -6):
+        with pytest.raises(IndexError):
+            lines[bad]
+    path.write_bytes(b"")
+    assert len(vectors.TextLines(str(path))) == 0 and list(vectors.TextLines(str(path))) == []
 
 
 def test_a_folder_of_cr_text_files_with_byte_order_marks_reads_back(tmp_path):
@@ -528,8 +556,8 @@ def test_a_folder_of_cr_text_files_with_byte_order_marks_reads_back(tmp_path):
             f.write(b"\xef\xbb\xbf" + "\r".join(lines).encode())
     load(folder)
     ids, captions = vectors.display_texts(folder, "train")
-    assert ids == arrays["train"]["image_ids"] and ids.index("train/img0.jpg") == 0
-    assert captions == arrays["train"]["captions"]
+    assert list(ids) == arrays["train"]["image_ids"] and ids.index("train/img0.jpg") == 0
+    assert list(captions) == arrays["train"]["captions"]
 
 
 # ----------------------------------------------------------------------------- synthetic
