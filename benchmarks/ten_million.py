@@ -26,7 +26,8 @@ memory, the mapped folder's pages included; and the peak of the process's own an
 memory, sampled from ``/proc``), the user's path with a small model (``--hidden``,
 ``--embed_dim``) at ``--batch``:
 
-* ``train``: ``python -m ncljax.train --config=<method>:vectors`` for ``--epochs`` epochs
+* ``train``: ``python -m ncljax.train --config=<method>:vectors`` for ``--epochs`` epochs,
+  one run (``train.division=on``: not the settings' race of a division against none)
   (2: GSC refreshes its labels from the epoch's buffers before every epoch but the first,
   so the second epoch trains on one division), with each refresh's own wall time (the
   trainer's ``refresh_seconds``: the statistics pass and the division, compilation
@@ -243,6 +244,9 @@ def main() -> None:
         f"--config.model.text_mlp.hidden=({args.hidden},)",
         f"--config.model.embed_dim={args.embed_dim}",
         "--config.train.progress_bar=False",
+        # one run: the :vectors settings race a division against none (two runs), and the
+        # curve is of one (--override=train.division=race measures the race)
+        "--config.train.division=on",
         *(f"--config.{field}" for field in args.override),
     ]
     try:

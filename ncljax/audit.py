@@ -97,7 +97,7 @@ import orbax.checkpoint as ocp
 
 from ncljax import methods, models
 from ncljax.data import fingerprint, pipeline, sources
-from ncljax.train import checkpoint, ensemble, rundir, trajectory
+from ncljax.train import arms, checkpoint, ensemble, rundir, trajectory
 from ncljax.train import state as state_lib
 
 NOTHING_TO_AUDIT = 3  # the exit status for a run whose method scores no pair
@@ -458,6 +458,15 @@ def pair_scores(workdir: str, rank_by: str = "trajectory") -> PairScores:
     """
     if rank_by not in RANKINGS:
         raise ValueError(f"rank_by={rank_by!r}: use one of {RANKINGS}.")
+    raced = arms.model_workdir(workdir)  # a division race the undivided run won
+    race_notes = []
+    if raced != workdir:
+        race_notes.append(
+            f"the run raced its division against none and the undivided run validated "
+            f"higher: the scores are those of its model ({raced}), which trained every pair "
+            "as clean, so method_score is uninformative and the ranking is the model's"
+        )
+        workdir = raced
     config = _load_config(workdir)
     method = methods.build_method(config.method, config.method_kwargs, config.model)
     if method.clean_score_fn is None and method.label_estimate_fn is None:
@@ -514,7 +523,7 @@ def pair_scores(workdir: str, rank_by: str = "trajectory") -> PairScores:
     notes = list(restored.notes)
     if notes:
         notes[-1] += f"; the scores are those of step {restored.step}"
-    notes += model_notes
+    notes += model_notes + race_notes
     if described.caveat:
         notes.append(described.caveat)
     if np.ptp(clean_score) == 0:

@@ -67,7 +67,9 @@ The report covers every finished run under ``<out>/runs/<family>/``:
   ``results.json``; empty for the baselines, which estimate nothing, at rate 0 and on the
   real worlds, whose runs do not know their noise), of the audit's AUC (``audit_auc``;
   real worlds only) and of the best epoch, how many seeds' best epoch was a warm-up epoch
-  (``best_in_warmup_n``), and the mean wall time of a run;
+  (``best_in_warmup_n``), how many raced their division against none and how many of
+  those kept the undivided run (``raced_n``, ``undivided_n``: ``train.division='race'``,
+  the ``:vectors`` settings of the methods that divide), and the mean wall time of a run;
 - ``<out>/report_<family>.md``: the same table, the runs below the baseline (pairs:
   InfoNCE at rates above 0, VSE++ at rate 0; labels: CE), the failed runs, the damaged
   ones (left out of the tables; each named in a warning too, with what to do), the
@@ -110,7 +112,7 @@ from ncljax import audit as audit_lib
 from ncljax import methods as methods_lib
 from ncljax.config import files
 from ncljax.data import real_worlds, worlds
-from ncljax.train import rundir
+from ncljax.train import arms, rundir
 
 # The runs train in this folder, which holds the ncljax package (a checkout or site-packages).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -970,6 +972,7 @@ def scan(out: str, family: str) -> Runs:
                 "best_epoch": best_epoch,
                 "best_in_warmup": _best_in_warmup(workdir, best_epoch),
                 "fallback_share": _finite(results.get("fallback_share")),
+                "undivided": _finite(results.get(arms.WON)),  # None: no race
                 "wall_s": _finite(record.get("wall_s")) if record.get("returncode") == 0 else None,
             }
         )
@@ -1090,6 +1093,8 @@ def summarise(finished: Sequence[dict], family: str) -> list[dict]:
                 best_epoch_mean=epoch_mean,
                 best_epoch_std=epoch_std,
                 best_in_warmup_n=sum(bool(r.get("best_in_warmup")) for r in runs),
+                undivided_n=sum(r.get("undivided") == 1.0 for r in runs),
+                raced_n=sum(r.get("undivided") is not None for r in runs),
                 fallback_share_max=fallback_max,
                 wall_s_mean=wall_mean,
                 seeds=sorted(r["seed"] for r in runs),
@@ -1158,6 +1163,8 @@ def write_csv(rows: Sequence[dict], family: str, path: str) -> None:
         ("best_epoch_mean", "best_epoch_mean"),
         ("best_epoch_std", "best_epoch_std"),
         ("best_in_warmup_n", "best_in_warmup_n"),
+        ("undivided_n", "undivided_n"),
+        ("raced_n", "raced_n"),
         ("fallback_share_max", "fallback_share_max"),
         ("wall_s_mean", "wall_s_mean"),
     ]
@@ -1267,8 +1274,8 @@ def _md_results(rows, f: Family) -> list[str]:
         "## Results",
         "",
         f"| world | method | rate | n | {f.label} | noise AUC | audit AUC | best epoch | "
-        "best in warm-up | fallback | wall s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "best in warm-up | undivided | fallback | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -1276,13 +1283,17 @@ def _md_results(rows, f: Family) -> list[str]:
             f"{_pm(r['mean'], r['std'], f.digits)} | {_pm(r['auc_mean'], r['auc_std'], 3)} | "
             f"{_pm(r['audit_auc_mean'], r['audit_auc_std'], 3)} | "
             f"{_pm(r['best_epoch_mean'], r['best_epoch_std'], 1)} | "
-            f"{r['best_in_warmup_n']}/{r['n']} | {_pm(r['fallback_share_max'], math.nan, 2)} | "
+            f"{r['best_in_warmup_n']}/{r['n']} | "
+            + (f"{r['undivided_n']}/{r['raced_n']}" if r["raced_n"] else "")
+            + f" | {_pm(r['fallback_share_max'], math.nan, 2)} | "
             f"{_pm(r['wall_s_mean'], math.nan, 0)} |"
         )
     lines += [
         "",
         "*best in warm-up*: the seeds whose best-validation epoch is a warm-up epoch of the "
-        "method (`method_kwargs.warmup_epochs`); *fallback*: the largest `fallback_share` "
+        "method (`method_kwargs.warmup_epochs`); *undivided*: of the seeds that raced the "
+        "method's division against none (`train.division='race'`), those whose undivided "
+        "run validated higher and is the run's; *fallback*: the largest `fallback_share` "
         "of the seeds (the share of main-phase steps that trained a fallback objective).",
     ]
     return lines

@@ -71,7 +71,7 @@ from ncljax import backend, methods, models
 from ncljax.data import sources
 from ncljax.evaluate import blocks
 from ncljax.methods.base import Method
-from ncljax.train import checkpoint, ensemble
+from ncljax.train import arms, checkpoint, ensemble
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 
@@ -136,7 +136,9 @@ class Ranking(NamedTuple):
 
 
 def load(workdir: str, split: str = "test") -> Run:
-    """Restores ``workdir``'s best model and encodes ``split`` with every network.
+    """Restores ``workdir``'s best model and encodes ``split`` with every network (the
+    undivided run's, ``workdir/undivided``, where the run raced its division against none
+    and that run won: ``ncljax.train.arms``).
 
     Raises:
       ValueError: an unknown split, or a damaged ``config.json``.
@@ -145,6 +147,7 @@ def load(workdir: str, split: str = "test") -> Run:
     """
     if split not in sources.SPLITS:
         raise ValueError(f"Unknown split {split!r}; use one of {sources.SPLITS}.")
+    workdir = arms.model_workdir(workdir)  # a division race the undivided run won
     config = ensemble.load_config(workdir)
     if not os.path.exists(os.path.join(workdir, "results.json")):  # no test of a best model yet
         raise FileNotFoundError(

@@ -82,6 +82,13 @@ def base_config() -> ml_collections.ConfigDict:
     # epoch's model (ncljax.train.trajectory); the audit ranks by its mean up to the best
     # epoch. One pass over the training pairs per epoch; on in the :vectors settings.
     c.train.pair_trajectory = False
+    # A method's division (ncljax.train.arms): 'on' (as the method divides; its own switch,
+    # where it has one, turns it off for an epoch), 'off' (every refresh trains every pair
+    # as clean) or 'race' (both, the undivided run in <workdir>/undivided; the run whose
+    # best model scores higher on validation is the run's). 'off' and 'race' need a method
+    # whose division has a switch (noise_share='partner'); 'race' is on in the :vectors
+    # settings of the methods that divide.
+    c.train.division = "on"
 
     c.eval = ml_collections.ConfigDict()
     c.eval.kind = "recall"  # 'recall' (Recall@K, rSum) or 'map' (mAP@all)

@@ -109,12 +109,38 @@ def _file_only_with_file_kind(config) -> list[str]:
     return []
 
 
+def _division_switch(config) -> list[str]:
+    """``train.division`` other than ``'on'`` needs a method whose division has a switch
+    (a ``noise_share`` hyperparameter at ``'partner'``)."""
+    division = config.train.division
+    if division not in ("off", "race") or config.method not in methods.REGISTRY:
+        return []
+    params = methods.hyperparameters(config.method)
+    if "noise_share" in params:
+        share = dict(config.method_kwargs or {}).get("noise_share", params["noise_share"].default)
+        if share == "partner":
+            return []
+        return [
+            f"train.division={division!r} switches {config.method}'s division off, which its "
+            f"noise_share={share!r} cannot: set method_kwargs.noise_share='partner' (as "
+            f"configs/{config.method}.py:vectors does) or train.division='on'"
+        ]
+    dividing = [
+        n for n in methods.of_family("pairs") if "noise_share" in methods.hyperparameters(n)
+    ]
+    return [
+        f"train.division={division!r} switches a division off, and {config.method} has none "
+        f"to switch: use it with {', '.join(dividing)}, or set train.division='on'"
+    ]
+
+
 FIELDS = (
     Field("seed", SEED),
     # train
     Field("train.epochs", POSITIVE_INT, rule=_plan_within_run),
     Field("train.batch_size", rules.int_at_least(2, "an integer >= 2")),
     Field("train.num_devices", NON_NEGATIVE_INT),
+    Field("train.division", rules.one_of("on", "off", "race"), rule=_division_switch),
     Field("train.log_every_steps", POSITIVE_INT),
     Field(
         "train.checkpoint_every_steps",

@@ -111,6 +111,18 @@ def _vectors_pairs(config) -> None:
     config.train.pair_trajectory = True  # the audit ranks by the model's history
 
 
+def race_division(config, dataset: str) -> ml_collections.ConfigDict:
+    """On a folder of your own vectors (``dataset='vectors'``), a method that divides its
+    pairs races its division against none (``train.division='race'``,
+    ``ncljax.train.arms``): it trains twice, divided and undivided, and the run whose best
+    model validates higher is the run's. Whether the pairs a model places worst lie or are
+    merely hard cannot be read from the model's scores; which model retrieves better,
+    the validation split tells. Other datasets keep the method's protocol."""
+    if dataset == "vectors":
+        config.train.division = "race"
+    return config
+
+
 def _vectors_labels(config) -> None:
     """Category retrieval on a folder of your own vectors with ``{split}_labels.npy`` (the
     observed, possibly noisy labels; required): MRL's backbone scaled to off-the-shelf

@@ -76,4 +76,5 @@ def get_config(arg: str = "synthetic"):
             intra_weight=gamma, num_networks=networks, text_structure=TEXT_STRUCTURE[preset]
         )
         presets.schedule(config, 0, epochs, decay_every, decay_factor=0.2)  # no warm-up
+    presets.race_division(config, dataset)
     return presets.quick(config) if "quick" in options else config

@@ -81,6 +81,7 @@ def get_config(arg: str = "synthetic"):
         "ncr", **kwargs, **(CODE if "code" in options else {})
     )
     presets.schedule(config, warmup, cotrain, lr_update)  # lr decay counted in co-training epochs
+    presets.race_division(config, dataset)
     if "quick" in options:
         presets.quick_coteaching(config, dataset, "noisy_start_epoch")
     return config

@@ -116,6 +116,7 @@ def get_config(arg: str = "synthetic"):
         "pc2", **kwargs, **(CODE if "code" in options else {})
     )
     presets.schedule(config, warmup, cotrain, lr_update)  # lr decay counted in co-training epochs
+    presets.race_division(config, dataset)
     if "quick" in options:
         presets.quick_coteaching(config, dataset, "pseudo_start_epoch")
         if dataset == "synthetic":  # the classification from the first co-training epoch

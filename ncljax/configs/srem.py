@@ -108,4 +108,5 @@ def get_config(arg: str = "synthetic"):
     config.method = "srem"
     kwargs = {"synthetic": SYNTHETIC, "vectors": VECTORS}.get(dataset, PAPER)
     config.method_kwargs = config_lib.method_kwargs("srem", **kwargs)
+    presets.race_division(config, dataset)
     return presets.schedule_warmup(config, dataset, options, SCHEDULES[dataset])

@@ -119,4 +119,5 @@ def get_config(arg: str = "synthetic"):
     config.model.views = 2
     if config.model.head != "cosine":
         config.model.sgraf.sim_output = "raw"
+    presets.race_division(config, dataset)
     return presets.schedule_warmup(config, dataset, options, SCHEDULES[dataset])

@@ -114,7 +114,10 @@ def no_noise(share: NoiseShare, floor: float) -> jax.Array:
 
 
 def switch_off(
-    share: NoiseShare, floor: float, held_out: Callable[[], float | None] | None = None
+    share: NoiseShare,
+    floor: float,
+    held_out: Callable[[], float | None] | None = None,
+    divide: bool = True,
 ) -> tuple[bool, float | None]:
     """Whether a division is switched off: :func:`no_noise` of the training pairs'
     ``share``, confirmed on pairs the model never trained on. A network that learns its
@@ -125,14 +128,26 @@ def switch_off(
     when the training pairs' test passes. Without ``held_out`` (or where it gives
     ``None``) the training pairs decide alone.
 
+    ``divide=False`` (the trainer's ``train.division='off'``, :func:`divides`) switches the
+    division off whatever the pairs show, and asks nothing.
+
     Returns:
       ``(off, held-out estimate or None)``.
     """
+    if not divide:
+        return True, None
     off = bool(no_noise(share, floor))
     value = held_out() if off and held_out is not None else None
     if value is not None and not value < floor:
         off = False
     return off, value
+
+
+def divides(ctx) -> bool:
+    """Whether a refresh may divide: ``False`` where the trainer switched every division
+    of the run off (``RefreshContext.divide``, ``train.division='off'``); ``True`` without
+    a context."""
+    return ctx is None or bool(ctx.divide)
 
 
 def diagnostics(share: NoiseShare, off: ArrayLike, held_out: float | None = None) -> dict:

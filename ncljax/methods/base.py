@@ -309,6 +309,9 @@ class RefreshContext(NamedTuple):
         of pairs whose image ranks no better than a random one's under the current model
         (``ncljax.train.evaluator.held_out_share``; computed when first called), or
         ``None`` where the trainer gives none.
+      divide: ``False`` where the run switches every division off (``train.division=
+        'off'``; ``ncljax.labels.share.divides``): a method whose division has a switch
+        trains every pair as clean, whatever its statistics show.
     """
 
     epoch: int
@@ -318,6 +321,7 @@ class RefreshContext(NamedTuple):
     fetch: Callable[[Any], dict[str, Array]]
     held_out: Callable[[], float | None] | None = None
     scratch: str | None = None
+    divide: bool = True
 
 
 class EpochPlan(NamedTuple):

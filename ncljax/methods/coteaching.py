@@ -231,7 +231,9 @@ def co_divide(s: Settings, name: str, samples: dict, stats: dict, ctx: base.Refr
     off, extra = False, {}
     if s.noise_share == "partner":
         share = labels_lib.noise_share(stats["partner_p"])
-        off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
+        off, held = share_lib.switch_off(
+            share, s.noise_floor, ctx.held_out, divide=share_lib.divides(ctx)
+        )
         extra = labels_lib.share_diagnostics(share, off, held)
     fallback = bool(checked.degenerate) and not off
     if off:  # next to no mismatched pair: every pair clean

@@ -379,7 +379,9 @@ def refresh(s: Settings, memory, stats, ctx, *, update_fn: Callable | None = Non
     off, held = False, None
     if share is not None:
         held_out = None if ctx is None else ctx.held_out
-        off, held = share_lib.switch_off(share, s.noise_floor, held_out)
+        off, held = share_lib.switch_off(
+            share, s.noise_floor, held_out, divide=share_lib.divides(ctx)
+        )
     fallback = bool(check.degenerate) and not off
     if fallback:
         what, how = _degeneracy(mixture, check)

@@ -609,7 +609,9 @@ def refresh(s: Settings, memory: base.Memory, stats, ctx) -> tuple[base.Memory, 
     if s.noise_share == "partner":
         last = np.asarray(samples["energy_epoch"]) == ctx.epoch - 1
         share = share_lib.noise_share(samples["partner_p"], where=last)
-        off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
+        off, held = share_lib.switch_off(
+            share, s.noise_floor, ctx.held_out, divide=share_lib.divides(ctx)
+        )
         state["division_off"] = jnp.asarray(off, jnp.float32)
         if s.partner_rule == "share":
             p, level = np.asarray(samples["partner_p"])[last], s.partner_level

@@ -648,7 +648,9 @@ def _switch(s: Settings, partner_p, state: dict, ctx) -> tuple[bool, dict, dict]
     # already off, a divided epoch since the last refresh did not raise it (``before``
     # is 1 until a first bound: the first refresh always divides)
     off, held = False, None
-    if highest < s.noise_floor and before < s.noise_floor and (was_off or bound <= before):
+    if not share_lib.divides(ctx):  # the run divides nothing (train.division='off')
+        off = True
+    elif highest < s.noise_floor and before < s.noise_floor and (was_off or bound <= before):
         off, held = share_lib.switch_off(share, s.noise_floor, ctx.held_out)
     state = {
         "noise_bound": jnp.float32(bound),

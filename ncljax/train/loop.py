@@ -32,7 +32,7 @@ from ncljax import backend, cluster, methods, models, optim
 from ncljax.config import validation
 from ncljax.data import fingerprint, pipeline, sources
 from ncljax.methods.base import WARMUP, InitContext
-from ncljax.train import checkpoint, passes, rundir, trajectory, writers
+from ncljax.train import arms, checkpoint, passes, rundir, trajectory, writers
 from ncljax.train import evaluator as evaluator_lib
 from ncljax.train import mesh as mesh_lib
 from ncljax.train import state as state_lib
@@ -90,6 +90,11 @@ def train_and_evaluate(
     Every field is checked, the data read and the model built before anything is written.
     The run then holds ``workdir/lock`` until it returns or fails.
 
+    Under ``train.division='race'`` the method trains twice, divided in ``workdir`` and
+    undivided in ``workdir/undivided``, and ``results.json`` is the figures of the run
+    whose best model validates higher (``ncljax.train.arms``); callbacks see both runs'
+    epochs, the divided run's first.
+
     Returns:
       Test metrics of the best-on-validation model.
 
@@ -102,6 +107,19 @@ def train_and_evaluate(
     """
     if config.distributed:
         cluster.initialize(config.cluster)
+    if arms.racing(config):  # the divided run here, the undivided one in workdir/undivided
+        validation.check(config, overridden)
+        return arms.race(
+            config,
+            workdir,
+            lambda c, w: _train_and_evaluate(c, w, callbacks, overridden),
+            evaluator_lib.eval_kind(config).selection,
+        )
+    return _train_and_evaluate(config, workdir, callbacks, overridden)
+
+
+def _train_and_evaluate(config, workdir: str, callbacks, overridden) -> dict[str, float]:
+    """One run of ``config`` in ``workdir`` (see ``train_and_evaluate``)."""
     # Every field is checked, and everything built, before anything is written.
     config, b = _build(config, overridden)
     method, pairs, mesh, tx, graphdef = b.method, b.pairs, b.mesh, b.tx, b.graphdef
@@ -247,6 +265,7 @@ def _train(run, graphdef, initial: list, evaluator, mesh, workdir, callbacks):
         num_epochs,
         held_out=lambda state: _held_out_share(evaluator, state, validated),
         scratch=os.path.join(workdir, "scratch"),
+        divide=arms.divides(config),
     )
     with jax.set_mesh(mesh):
         for epoch in range(progress.epoch, num_epochs):
@@ -396,7 +415,7 @@ def _finish(run, state, test: dict, best: Progress, workdir: str, kind) -> dict:
     run.writer.write(step=int(state.step), epoch=num_epochs - 1, split="test", metrics=test)
     if jax.process_index() == 0:
         try:
-            rundir.atomic_write_json(os.path.join(workdir, "results.json"), test)
+            rundir.atomic_write_json(os.path.join(workdir, arms.results_file(config)), test)
         except OSError as e:
             raise rundir.unwritable(workdir, e) from None
     print(f"test (best val epoch {best.best_epoch}): " + kind.summary(test))

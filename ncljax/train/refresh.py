@@ -45,11 +45,21 @@ class Refresher:
     """
 
     def __init__(
-        self, graphdef, method, pairs, mesh, config, num_epochs, held_out=None, scratch=None
+        self,
+        graphdef,
+        method,
+        pairs,
+        mesh,
+        config,
+        num_epochs,
+        held_out=None,
+        scratch=None,
+        divide=True,
     ):
         if method.disk_stats and scratch is None:
             raise ValueError(f"{method.name} keeps statistics on disk: give a scratch directory.")
         self._scratch = scratch
+        self._divide = divide  # False: every division of the run off (train.division)
         self._held_out = held_out  # (state) -> float or None: the validation split's share
         self._method = method
         self._pairs = pairs
@@ -152,6 +162,7 @@ class Refresher:
                 fetch=self._fetch,
                 held_out=held_out,
                 scratch=self._scratch,
+                divide=self._divide,
             )
             rows = None
             if stats is not None:  # the files' rows of network k: views, read when used

@@ -1,0 +1,134 @@
+"""``train.division='race'`` (``ncljax.train.arms``): the method trained divided and
+undivided, the run whose best model validates higher kept; the audit and retrieval read
+the winner's model; ``'off'`` and ``'race'`` refused where no division has a switch."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from ncljax import audit, retrieve
+from ncljax.config import fields
+from ncljax.data import vectors
+from ncljax.train import arms, train_and_evaluate
+from tests.train.test_loop import load_config, read_metrics
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize(
+    "divided, undivided, won",
+    [(200.0, 210.0, True), (210.0, 200.0, False), (200.0, 200.0, False)],  # a tie: divided
+)
+def test_the_run_that_validates_higher_wins(tmp_path, divided, undivided, won):
+    config = load_config("gsc", "vectors")
+    trained = []
+
+    def train(c, workdir):
+        trained.append((c.train.division, workdir))
+        value = undivided if c.train.division == "off" else divided
+        return {"rsum": value + 1.0, "val_rsum": value, "best_epoch": 3}
+
+    results = arms.race(config, str(tmp_path), train, "rsum")
+    assert trained == [("race", str(tmp_path)), ("off", str(tmp_path / "undivided"))]
+    assert results["race_undivided"] == float(won)
+    assert results["rsum"] == (undivided if won else divided) + 1.0
+    assert (results["race_val_rsum_divided"], results["race_val_rsum_undivided"]) == (
+        divided,
+        undivided,
+    )
+    assert _read(tmp_path / "results.json") == results
+    assert arms.model_workdir(str(tmp_path)) == str(tmp_path / "undivided" if won else tmp_path)
+
+
+def test_model_workdir_of_a_run_that_did_not_race_or_has_not_finished(tmp_path):
+    assert arms.model_workdir(str(tmp_path)) == str(tmp_path)  # no results.json yet
+    (tmp_path / "results.json").write_text("{not json")
+    assert arms.model_workdir(str(tmp_path)) == str(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"rsum": 1.0}))
+    assert arms.model_workdir(str(tmp_path)) == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "method, arg, division, expected",
+    [
+        ("infonce", "vectors", "race", "infonce has none to switch: use it with ncr, gsc"),
+        ("gsc", "synthetic", "off", "noise_share='none' cannot: set method_kwargs.noise_share"),
+        ("gsc", "vectors", "sometimes", "train.division='sometimes' must be one of"),
+    ],
+)
+def test_a_division_that_cannot_be_switched_off_is_refused(method, arg, division, expected):
+    config = load_config(method, arg)
+    config.train.division = division
+    problems = fields.value_problems(config)
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_the_vectors_settings_race_every_dividing_method():
+    for method in ("gsc", "ncr", "srem", "ugncl", "pc2"):
+        assert load_config(method, "vectors").train.division == "race"
+        assert load_config(method, "synthetic").train.division == "on"  # the paper protocol
+    assert load_config("infonce", "vectors").train.division == "on"
+
+
+@pytest.fixture(scope="module")
+def raced(tmp_path_factory):
+    """A finished race of GSC's :vectors settings on a small folder whose pairs lie."""
+    root = tmp_path_factory.mktemp("race")
+    folder = str(root / "pairs")
+    vectors.from_synthetic(folder, num_train=160, num_val=40, num_test=40, noise_rate=0.4)
+    config = load_config("gsc", "vectors")
+    config.data.folder = folder
+    config.train.epochs, config.train.batch_size = 3, 32
+    config.train.num_devices, config.train.progress_bar = 1, False
+    workdir = str(root / "run")
+    return config, workdir, train_and_evaluate(config, workdir)
+
+
+@pytest.mark.heavy  # two 3-epoch runs: about 17 s on 2 cores
+def test_a_race_trains_both_runs_and_keeps_the_winners_figures(raced):
+    config, workdir, results = raced
+    divided = _read(os.path.join(workdir, arms.DIVIDED_RESULTS))
+    undivided_dir = os.path.join(workdir, arms.UNDIVIDED)
+    undivided = _read(os.path.join(undivided_dir, "results.json"))
+    assert _read(os.path.join(undivided_dir, "config.json"))["train"]["division"] == "off"
+    assert _read(os.path.join(workdir, "config.json"))["train"]["division"] == "race"
+    won = undivided["val_rsum"] > divided["val_rsum"]
+    assert results == _read(os.path.join(workdir, "results.json"))
+    assert results["race_undivided"] == float(won)
+    winner = undivided if won else divided
+    assert {k: v for k, v in results.items() if not k.startswith("race_")} == winner
+    # the undivided run divided nothing: every refresh switched the division off, the
+    # validation split unasked; the divided run's first refresh divided (40% lie)
+    refreshes = [m for m in read_metrics(undivided_dir) if "division_off_net0" in m]
+    assert len(refreshes) == 2  # epochs 1 and 2
+    assert all(m[f"division_off_net{k}"] == 1.0 for m in refreshes for k in (0, 1))
+    assert not any(k.startswith("held_out_share") for m in refreshes for k in m)
+    first = next(m for m in read_metrics(workdir) if "division_off_net0" in m)
+    assert first["division_off_net0"] == 0.0
+    # a rerun resumes both finished runs to the same figures
+    again = train_and_evaluate(config, workdir)
+    assert again == results
+
+
+@pytest.mark.heavy
+def test_the_audit_and_retrieval_read_the_winners_model(raced):
+    _, workdir, results = raced
+    path = os.path.join(workdir, "results.json")
+    undivided_dir = os.path.join(workdir, arms.UNDIVIDED)
+    for won in (0.0, 1.0):  # each winner in turn (the race's own outcome is either)
+        with open(path, "w") as f:
+            json.dump({**results, "race_undivided": won}, f)
+        source = undivided_dir if won else workdir
+        scores = audit.pair_scores(workdir)
+        alone = audit.pair_scores(source)
+        np.testing.assert_array_equal(scores.clean_score, alone.clean_score)
+        assert any("undivided run validated higher" in n for n in scores.notes) == bool(won)
+        loaded = retrieve.load(workdir, "test")
+        assert loaded.workdir == source
+    with open(path, "w") as f:
+        json.dump(results, f)
