@@ -17,7 +17,8 @@ Layout. The divided run trains in the workdir, as any run, and writes its test f
 ``divided_results.json``; the undivided run trains in ``<workdir>/undivided/`` (its own
 ``config.json`` with ``train.division='off'``, checkpoints, ``results.json``); then the
 workdir's ``results.json`` is the winner's figures, with ``race_undivided`` (1.0 where the
-undivided run won: its best validation value strictly higher), and both runs' best
+undivided run won: its best validation value higher, beyond round-off; a tie keeps the
+division), and both runs' best
 validation values (``race_val_<metric>_divided``, ``..._undivided``). Rerunning the
 command resumes whichever run has not finished. The audit and retrieval read the winner's
 model (:func:`model_workdir`).
@@ -26,6 +27,7 @@ model (:func:`model_workdir`).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 
@@ -76,7 +78,7 @@ def race(
     divided = train(config, workdir)
     undivided = train(undivided_config(config), os.path.join(workdir, UNDIVIDED))
     key = f"val_{selection}"
-    won = undivided[key] > divided[key]
+    won = beats(undivided[key], divided[key])
     results = dict(undivided if won else divided)
     results[WON] = float(won)
     results[f"race_{key}_divided"] = divided[key]
@@ -93,6 +95,13 @@ def race(
             f"the run's" + (f" ({os.path.join(workdir, UNDIVIDED)})." if won else ".")
         )
     return results
+
+
+def beats(value: float, other: float) -> bool:
+    """Whether a validation figure ``value`` is higher than ``other``: strictly, beyond
+    float round-off (the same recalls summed in another order differ in the last bits:
+    377.33333333333337 against 377.3333333333333 is a tie, and a tie keeps the division)."""
+    return value > other and not math.isclose(value, other, rel_tol=1e-9, abs_tol=1e-9)
 
 
 def model_workdir(workdir: str) -> str:

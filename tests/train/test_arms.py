@@ -22,7 +22,12 @@ def _read(path):
 
 @pytest.mark.parametrize(
     "divided, undivided, won",
-    [(200.0, 210.0, True), (210.0, 200.0, False), (200.0, 200.0, False)],  # a tie: divided
+    [
+        (200.0, 210.0, True),
+        (210.0, 200.0, False),
+        (200.0, 200.0, False),  # a tie keeps the division
+        (377.3333333333333, 377.33333333333337, False),  # so does round-off (measured)
+    ],
 )
 def test_the_run_that_validates_higher_wins(tmp_path, divided, undivided, won):
     config = load_config("gsc", "vectors")
