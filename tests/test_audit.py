@@ -373,6 +373,7 @@ def test_a_vectors_run_exports_its_ids_and_captions(lying_folder, tmp_path):
     config = load_config("gsc", "vectors,quick")
     config.data.folder = folder
     config.train.epochs = 2  # GSC divides from its second epoch
+    config.train.division = "on"  # one run (the race: tests/train/test_arms.py)
     config.train.batch_size = config.eval.batch_size = 32
     config.train.num_devices, config.train.progress_bar = 1, False
     workdir = str(tmp_path / "run")

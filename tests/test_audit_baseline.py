@@ -55,6 +55,7 @@ def run(tmp_path_factory):
     mismatched = _one_space_folder(here / "folder")
     config = load_config("gsc", "vectors")
     config.data.folder = str(here / "folder")
+    config.train.division = "on"  # one run (the race: tests/train/test_arms.py)
     config.train.epochs, config.train.progress_bar, config.train.num_devices = 2, False, 1
     train_and_evaluate(config, str(here / "run"))
     np.save(here / "mismatched.npy", np.flatnonzero(mismatched))

@@ -50,6 +50,7 @@ def run(tmp_path_factory):
     vectors.from_synthetic(folder, num_train=64, num_val=16, num_test=16, noise_rate=0.4)
     config = load_config("gsc", "vectors,quick")
     config.data.folder = folder
+    config.train.division = "on"  # one run (the race: tests/train/test_arms.py)
     config.train.epochs = 2
     config.train.batch_size = config.eval.batch_size = 32
     config.train.num_devices, config.train.progress_bar = 1, False

@@ -10,7 +10,9 @@ then the audit), with one set of shipped settings, in the mean over three seeds:
 - at 0% (a clean folder) no harm: every method at least InfoNCE - 5.
 
 The sweep is ``python -m ncljax.report``'s (``train.py`` and audit processes, two at a
-time): about 25 minutes on 2 CPU cores. ``NCLJAX_HOLD_OUT=<dir>`` keeps its runs there
+time): about 25 minutes on 2 CPU cores before the ``:vectors`` settings raced each
+division against none (``train.division='race'``), which trains the five dividing methods
+twice: expect about twice that. ``NCLJAX_HOLD_OUT=<dir>`` keeps its runs there
 (finished runs and audits are skipped on the next call).
 """
 
