@@ -22,6 +22,10 @@ from ncljax.data import fingerprint
 # Records a run writes that runs before them did not: their absence from a resumed run's
 # config.json is not a change of config.
 NEW_RECORDS = (fingerprint.KEY,)
+# Fields added since runs were first written, with the value a run that predates each ran
+# with: a config.json without the field is read as that value (a run of before
+# ``train.division`` divided as its method does, 'on', and resumes as such).
+ABSENT_MEANS = {"train.division": "on"}
 RESUMABLE = (
     "optim.learning_rate",
     "optim.schedule",
@@ -68,6 +72,8 @@ def write_config(workdir: str, config, extra: dict) -> None:
                 "in this workdir. Restore it from a copy, or use a new --workdir."
             ) from None
         current = traverse_util.flatten_dict(resolved, sep=".")
+        absent = {k: v for k, v in ABSENT_MEANS.items() if k in current and k not in previous}
+        previous = {**previous, **absent}
         unrecorded = tuple(r for r in NEW_RECORDS if not any(k.startswith(r) for k in previous))
         changed = sorted(
             k

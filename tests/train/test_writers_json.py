@@ -76,3 +76,15 @@ def test_config_json_is_strict_and_a_non_finite_field_still_resumes(tmp_path):
     config.seed = 1
     with pytest.raises(ValueError, match=r"\['seed'\] differ"):
         rundir.write_config(str(tmp_path), config, {"noise_realised_rate": math.nan})
+
+
+def test_a_run_written_before_a_field_existed_resumes_with_the_value_it_ran_with(tmp_path):
+    """``train.division`` came later: a config.json without it ran with 'on' and resumes
+    with 'on'; another value is a change of config."""
+    config = ml_collections.ConfigDict({"train": {"division": "on"}, "seed": 0})
+    (tmp_path / "config.json").write_text(json.dumps({"train": {}, "seed": 0}))
+    rundir.write_config(str(tmp_path), config, {})  # resumes
+    (tmp_path / "config.json").write_text(json.dumps({"train": {}, "seed": 0}))
+    config.train.division = "race"
+    with pytest.raises(ValueError, match=r"\['train.division'\] differ"):
+        rundir.write_config(str(tmp_path), config, {})
