@@ -137,3 +137,31 @@ def test_the_audit_and_retrieval_read_the_winners_model(raced):
         assert loaded.workdir == source
     with open(path, "w") as f:
         json.dump(results, f)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.heavy  # a race stopped in its undivided run, then resumed: about 25 s
+def test_a_race_stopped_in_its_undivided_run_resumes_to_the_same_figures(raced, tmp_path):
+    config, _, results = raced
+    epochs = []
+
+    def crash_in_the_undivided_run(epoch, metrics):
+        epochs.append(epoch)
+        if len(epochs) == config.train.epochs + 2:  # the undivided run's second epoch
+            raise _Crash
+
+    workdir = str(tmp_path / "run")
+    with pytest.raises(_Crash):
+        train_and_evaluate(config, workdir, callbacks=[crash_in_the_undivided_run])
+    assert epochs == [0, 1, 2, 0, 1]
+    assert os.path.exists(os.path.join(workdir, arms.DIVIDED_RESULTS))
+    assert not os.path.exists(os.path.join(workdir, "results.json"))  # no winner yet
+    assert not os.path.exists(os.path.join(workdir, arms.UNDIVIDED, "results.json"))
+    assert arms.model_workdir(workdir) == workdir
+    resumed = []
+    again = train_and_evaluate(config, workdir, callbacks=[lambda e, m: resumed.append(e)])
+    assert resumed == [2]  # the finished divided run trains nothing; the other resumes
+    assert again == results
