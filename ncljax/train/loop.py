@@ -92,8 +92,9 @@ def train_and_evaluate(
 
     Under ``train.division='race'`` the method trains twice, divided in ``workdir`` and
     undivided in ``workdir/undivided``, and ``results.json`` is the figures of the run
-    whose best model validates higher (``ncljax.train.arms``); callbacks see both runs'
-    epochs, the divided run's first.
+    whose best model validates higher (``ncljax.train.arms``; a divided run that switched
+    its division off at every refresh is its own undivided run, not trained again);
+    callbacks see both runs' epochs, the divided run's first.
 
     Returns:
       Test metrics of the best-on-validation model.

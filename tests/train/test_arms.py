@@ -41,6 +41,7 @@ def test_the_run_that_validates_higher_wins(tmp_path, divided, undivided, won):
     results = arms.race(config, str(tmp_path), train, "rsum")
     assert trained == [("race", str(tmp_path)), ("off", str(tmp_path / "undivided"))]
     assert results["race_undivided"] == float(won)
+    assert results["race_same_run"] == 0.0  # the divided run logged no refresh: both trained
     assert results["rsum"] == (undivided if won else divided) + 1.0
     assert (results["race_val_rsum_divided"], results["race_val_rsum_undivided"]) == (
         divided,
@@ -48,6 +49,60 @@ def test_the_run_that_validates_higher_wins(tmp_path, divided, undivided, won):
     )
     assert _read(tmp_path / "results.json") == results
     assert arms.model_workdir(str(tmp_path)) == str(tmp_path / "undivided" if won else tmp_path)
+
+
+def _write_metrics(workdir, rows, tail=""):
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.write(tail)
+
+
+VAL = {"split": "val", "step": 10, "rsum": 100.0}
+OFF2 = {"split": "refresh", "step": 10, "division_off_net0": 1.0, "division_off_net1": 1.0}
+
+
+@pytest.mark.parametrize(
+    "rows, tail, never",
+    [
+        ([VAL, OFF2, VAL, {**OFF2, "step": 20}], "", True),
+        ([{"split": "refresh", "step": 10, "division_off": 1.0}], "", True),  # one network
+        ([VAL, OFF2, {**OFF2, "step": 20, "division_off_net1": 0.0}], "", False),
+        ([VAL, {"split": "refresh", "step": 10, "division_off": 0.0}, OFF2], "", False),
+        ([VAL], "", False),  # no refresh: nothing to go by
+        ([{"split": "refresh", "step": 10, "clean_fraction": 0.4}], "", False),  # no switch
+        ([VAL, OFF2], '{"split": "refr', False),  # a damaged line
+    ],
+)
+def test_never_divided_reads_every_refresh_of_the_run(tmp_path, rows, tail, never):
+    _write_metrics(str(tmp_path), rows, tail)
+    assert arms.never_divided(str(tmp_path)) is never
+    assert arms.never_divided(str(tmp_path / "absent")) is False
+
+
+def test_a_run_that_never_divided_is_its_own_undivided_run(tmp_path):
+    config = load_config("ncr", "vectors")
+    trained = []
+
+    def train(c, workdir):
+        trained.append(c.train.division)
+        _write_metrics(workdir, [VAL, OFF2, {**OFF2, "step": 20}])
+        return {"rsum": 401.0, "val_rsum": 380.0, "best_epoch": 3}
+
+    results = arms.race(config, str(tmp_path), train, "rsum")
+    assert trained == ["race"]  # the undivided run is not trained
+    assert not os.path.exists(tmp_path / "undivided")
+    assert results == {
+        "rsum": 401.0,
+        "val_rsum": 380.0,
+        "best_epoch": 3,
+        "race_undivided": 0.0,
+        "race_same_run": 1.0,
+        "race_val_rsum_divided": 380.0,
+        "race_val_rsum_undivided": 380.0,
+    }
+    assert _read(tmp_path / "results.json") == results
+    assert arms.model_workdir(str(tmp_path)) == str(tmp_path)
 
 
 def test_model_workdir_of_a_run_that_did_not_race_or_has_not_finished(tmp_path):
@@ -165,3 +220,33 @@ def test_a_race_stopped_in_its_undivided_run_resumes_to_the_same_figures(raced, 
     again = train_and_evaluate(config, workdir, callbacks=[lambda e, m: resumed.append(e)])
     assert resumed == [2]  # the finished divided run trains nothing; the other resumes
     assert again == results
+
+
+@pytest.fixture(scope="module")
+def clean_folder(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("clean") / "pairs")
+    vectors.from_synthetic(folder, num_train=160, num_val=40, num_test=40, noise_rate=0.0)
+    return folder
+
+
+@pytest.mark.heavy  # two 3-epoch runs a method: about 60 s on 2 cores
+@pytest.mark.parametrize("method", ["gsc", "ncr", "pc2", "srem"])
+def test_a_race_whose_division_was_always_off_equals_its_undivided_run(
+    clean_folder, tmp_path, method
+):
+    """The shortcut's premise, per method: a divided run whose switch turned its division
+    off at every refresh (here forced: ``noise_floor=1.0``) trains exactly as the run with
+    ``train.division='off'``."""
+    config = load_config(method, "vectors")
+    config.data.folder = clean_folder
+    config.train.epochs, config.train.batch_size = 3, 32
+    config.train.num_devices, config.train.progress_bar = 1, False
+    config.method_kwargs.warmup_epochs = 1
+    config.method_kwargs.noise_floor = 1.0
+    results = train_and_evaluate(config, str(tmp_path / "race"))
+    assert results["race_same_run"] == 1.0
+    assert not os.path.exists(tmp_path / "race" / arms.UNDIVIDED)
+    undivided = train_and_evaluate(arms.undivided_config(config), str(tmp_path / "off"))
+    assert {k: v for k, v in results.items() if not k.startswith("race_")} == undivided
+    val = lambda w: [(m["step"], m["rsum"]) for m in read_metrics(w) if m["split"] == "val"]
+    assert val(str(tmp_path / "race")) == val(str(tmp_path / "off"))
