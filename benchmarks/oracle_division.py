@@ -11,7 +11,13 @@ path, ``configs/infonce.py:vectors`` at the run's seed:
 * ``oracle``: on a copy of the folder whose training split keeps only its matched pairs
   (the mismatched rows, image and caption, dropped; validation and test unchanged): what
   a method that divided the pairs perfectly, and then trained InfoNCE on the clean side,
-  would reach.
+  would reach;
+* with ``--division_aucs=0.6,0.7,...``, ``auc<a>``: the same with an imperfect division
+  of AUC ``a`` in place of the perfect one: each training pair scores ``d [matched] + e``
+  with ``e ~ N(0, 1)`` and ``d = sqrt(2) Phi^-1(a)`` (two unit normals ``d`` apart are
+  told apart at AUC ``a``), and the ``N - floor(rate N)`` best-scoring pairs are kept, as
+  many as the perfect division keeps. What a division as good as a method's verdict buys
+  (``division_auc_<a>`` is the realised AUC of the draw; no held-out AUCs for these).
 
 Then both models score the test split with ``rate`` of its captions moved to another
 image (``vectors.mismatch_texts`` at the run's seed): pairs neither model trained on, so
@@ -59,11 +65,28 @@ def _rsum(workdir: str) -> float:
         return float(json.load(f)["rsum"])
 
 
-def _oracle_folder(cell_dir: str, world: str, rate: float, seed: int) -> str:
-    folder = os.path.join(cell_dir, "oracle_folder")
+def _kept(matched: np.ndarray, auc: float | None, seed: int) -> tuple[np.ndarray, float]:
+    """The pairs a division of AUC ``auc`` keeps (``None``: the perfect one), and the
+    draw's realised AUC."""
+    if auc is None:
+        return matched, 1.0
+    from scipy import stats
+
+    rng = np.random.default_rng([seed, round(auc * 1000)])
+    score = np.sqrt(2.0) * stats.norm.ppf(auc) * matched + rng.standard_normal(matched.size)
+    keep = np.zeros(matched.size, bool)
+    keep[np.argsort(-score, kind="stable")[: int(matched.sum())]] = True
+    realised = detection.noise_detection_metrics(score, matched)["noise_auc"]
+    return keep, float(realised)
+
+
+def _oracle_folder(
+    cell_dir: str, world: str, rate: float, seed: int, auc: float | None = None
+) -> tuple[str, float]:
+    folder = os.path.join(cell_dir, "oracle_folder" if auc is None else f"auc{auc:g}_folder")
+    splits, mismatched = real_worlds.lying_splits(world, rate=rate, seed=seed)
+    keep, realised = _kept(~mismatched["train"], auc, seed)
     if not os.path.exists(os.path.join(folder, "test_texts.npy")):
-        splits, mismatched = real_worlds.lying_splits(world, rate=rate, seed=seed)
-        keep = ~mismatched["train"]
         train = dict(splits["train"])
         for key, value in train.items():
             if value is not None and len(value) == keep.size:
@@ -73,7 +96,7 @@ def _oracle_folder(cell_dir: str, world: str, rate: float, seed: int) -> str:
                     else np.asarray(value)[keep]
                 )
         vectors.write_folder(folder, {**splits, "train": train}, dtype=np.float32)
-    return folder
+    return folder, realised
 
 
 def _percentile_scores(image_emb: np.ndarray, text_emb: np.ndarray) -> np.ndarray:
@@ -109,7 +132,10 @@ def main() -> None:
     p.add_argument("--worlds", default="vec_default,vec_weak_classes,vec_few_regions")
     p.add_argument("--rates", default="0.4")
     p.add_argument("--seeds", default="0")
+    p.add_argument("--division_aucs", default="", help="imperfect divisions, e.g. 0.6,0.7")
+    p.add_argument("--no_perfect", action="store_true", help="skip the perfect division")
     a = p.parse_args()
+    aucs = [float(x) for x in a.division_aucs.split(",") if x]
     rows = []
     for world in a.worlds.split(","):
         for rate in map(float, a.rates.split(",")):
@@ -117,19 +143,41 @@ def main() -> None:
                 run = report.Run("pairs", "infonce", world, rate, seed)
                 cell_dir = run.cell(a.out)
                 info = real_worlds.write_cell(cell_dir, world, rate=rate, seed=seed)
-                oracle = _oracle_folder(cell_dir, world, rate, seed)
                 result = dict(world=world, rate=rate, seed=seed)
-                for name, folder in (("noisy", info["folder"]), ("oracle", oracle)):
+                folders = [("noisy", info["folder"])]
+                if not a.no_perfect:
+                    folders.append(("oracle", _oracle_folder(cell_dir, world, rate, seed)[0]))
+                for auc in aucs:
+                    folder, realised = _oracle_folder(cell_dir, world, rate, seed, auc)
+                    folders.append((f"auc{auc:g}", folder))
+                    result[f"division_auc_{auc:g}"] = realised
+                for name, folder in folders:
                     workdir = os.path.join(cell_dir, f"run_{name}")
                     os.makedirs(workdir, exist_ok=True)
                     log = os.path.join(cell_dir, f"{name}.log")
                     _train(report.train_args(run, folder=os.path.abspath(folder)), workdir, log)
                     result[f"rsum_{name}"] = _rsum(workdir)
-                    aucs = _held_out_aucs(workdir, max(rate, 0.2), seed)
-                    result.update({f"{k}_{name}": v for k, v in aucs.items()})
-                result["gap"] = result["rsum_oracle"] - result["rsum_noisy"]
+                    if name in ("noisy", "oracle"):
+                        held = _held_out_aucs(workdir, max(rate, 0.2), seed)
+                        result.update({f"{k}_{name}": v for k, v in held.items()})
+                if "rsum_oracle" in result:
+                    result["gap"] = result["rsum_oracle"] - result["rsum_noisy"]
                 print(json.dumps(result), flush=True)
                 rows.append(result)
+    if aucs:
+        heads = " | ".join(f"AUC {x:g}" for x in aucs)
+        print(f"\n| world | rate | seed | InfoNCE | {heads} |")
+        print("|---|---:|---:|---:|" + "---:|" * len(aucs))
+        for r in rows:
+            cells = " | ".join(
+                f"{r[f'rsum_auc{x:g}']:.1f} ({r[f'rsum_auc{x:g}'] - r['rsum_noisy']:+.1f}; "
+                f"{r[f'division_auc_{x:g}']:.3f})"
+                for x in aucs
+            )
+            head = f"| `{r['world']}` | {r['rate']:.0%} | {r['seed']} | {r['rsum_noisy']:.1f}"
+            print(f"{head} | {cells} |")
+    if a.no_perfect:
+        return
     print(
         "\n| world | rate | seed | InfoNCE | oracle | gap | held-out AUC, InfoNCE "
         "(cosine / rank) | held-out AUC, oracle (cosine / rank) |"
