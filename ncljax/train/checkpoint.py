@@ -301,9 +301,11 @@ class Checkpointer:
         return target
 
     def keep_best(self, step: int, *, after: int | None = None) -> None:
-        """Removes the best checkpoints other than ``step`` (``after``: only those past it)."""
-        if jax.process_index() != 0:
-            return
+        """Removes the best checkpoints other than ``step`` (``after``: only those past it).
+
+        Every process calls it: orbax's ``delete`` removes the files on the primary process
+        and then waits for every process (a delete called on process 0 alone waited there
+        forever while the others went on into the next epoch's collectives)."""
         for s in self._best.all_steps():
             if s != step and (after is None or s > after):
                 self._best.delete(s)
