@@ -43,6 +43,8 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 
 from ncljax.train import rundir
 
@@ -89,6 +91,8 @@ def race(
     epoch by (``'rsum'``)."""
     divided = train(config, workdir)
     same = never_divided(workdir)
+    if jax.process_count() > 1:  # process 0 wrote the metrics: every process follows it
+        same = bool(multihost_utils.broadcast_one_to_all(np.asarray(same)))
     if same:  # the undivided run would be this run again
         undivided = divided
     else:

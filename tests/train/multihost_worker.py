@@ -5,6 +5,7 @@ import os
 import sys
 
 process_id, num_processes, port, workdir, out = sys.argv[1:6]
+race_folder = sys.argv[6] if len(sys.argv) > 6 else None  # a division race on this folder
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
@@ -18,6 +19,9 @@ cluster = {
     "num_processes": int(num_processes),
     "process_id": int(process_id),
 }
-results = test_multihost.run(workdir, cluster)
+if race_folder is None:
+    results = test_multihost.run(workdir, cluster)
+else:
+    results = test_multihost.run_race(workdir, cluster, race_folder)
 with open(out, "w") as f:
     json.dump(results, f)
