@@ -134,6 +134,18 @@ def _division_switch(config) -> list[str]:
     ]
 
 
+def _race_alpha_with_race(config) -> list[str]:
+    """``train.race_alpha`` is read by a race alone: refused at another value otherwise."""
+    alpha, default = config.train.race_alpha, config_lib.base_config().train.race_alpha
+    if config.train.division != "race" and alpha != default:
+        return [
+            f"train.race_alpha={alpha!r} is only read with train.division='race', not "
+            f"{config.train.division!r}; set train.division='race' or leave race_alpha at "
+            f"{default}"
+        ]
+    return []
+
+
 FIELDS = (
     Field("seed", SEED),
     # train
@@ -141,6 +153,11 @@ FIELDS = (
     Field("train.batch_size", rules.int_at_least(2, "an integer >= 2")),
     Field("train.num_devices", NON_NEGATIVE_INT),
     Field("train.division", rules.one_of("on", "off", "race"), rule=_division_switch),
+    Field(
+        "train.race_alpha",
+        rules.interval(0, 0.5, low_open=True),
+        rule=_race_alpha_with_race,
+    ),
     Field("train.log_every_steps", POSITIVE_INT),
     Field(
         "train.checkpoint_every_steps",

@@ -40,6 +40,7 @@ from ncljax.evaluate.ranks import (
     RetrievalRanks,
     rank_metrics,
     recall_min_images,
+    rsum_by_image,
 )
 from ncljax.evaluate.recall import (
     COCO_FOLD_IMAGES,
@@ -67,4 +68,5 @@ __all__ = [
     "recall_min_images",
     "retrieval_metrics",
     "retrieval_ranks",
+    "rsum_by_image",
 ]

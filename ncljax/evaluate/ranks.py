@@ -155,3 +155,46 @@ def rank_metrics(i2t_rank: Any, t2i_rank: Any) -> dict[str, float]:
         metrics[f"{name}_medr"] = float(np.floor(np.median(rank)))
         metrics[f"{name}_meanr"] = float(np.mean(rank))
     return metrics
+
+
+def rsum_by_image(i2t_rank: Any, t2i_rank: Any, captions_per_image: int) -> np.ndarray:
+    r"""Each image's share of the rSum: its image->text query's expected hits and its
+    captions' text->image ones, so that the shares sum to :func:`rank_metrics`' rSum.
+
+    With :math:`h^{i2t}_i = \sum_{K \in \{1,5,10\}} P(r_i < K)` the image's expected hits,
+    :math:`h^{t2i}_k` a caption's, and :math:`\mu(k) = \lfloor k / \mathrm{cpi} \rfloor`
+    the image of caption :math:`k` (the caption order of :func:`retrieval_ranks`):
+
+    .. math::
+
+        s_i = \frac{100}{n_{img}} \Big( h^{i2t}_i
+            + \frac{1}{\mathrm{cpi}} \sum_{k : \mu(k) = i} h^{t2i}_k \Big), \qquad
+        \sum_i s_i = \mathrm{rSum}.
+
+    An image and its captions are one unit of a split: two models scored on the same
+    split give paired shares, whose differences a paired test reads
+    (``ncljax.train.arms``).
+
+    Args:
+      i2t_rank: :class:`RankCounts` (or plain 0-based ranks) of the ``n_img`` image
+        queries.
+      t2i_rank: the same for the ``n_img * captions_per_image`` caption queries.
+      captions_per_image: ``cpi >= 1``.
+
+    Returns:
+      ``[n_img]`` float64 shares.
+
+    Raises:
+      ValueError: where the caption count is not ``n_img * captions_per_image``.
+    """
+    i2t, t2i = _as_counts(i2t_rank), _as_counts(t2i_rank)
+    n_img = i2t.greater.size
+    if captions_per_image < 1 or t2i.greater.size != n_img * captions_per_image:
+        raise ValueError(
+            f"{t2i.greater.size} caption queries for {n_img} images is not "
+            f"{captions_per_image} captions per image"
+        )
+    image_hits = sum(i2t.hit_probability(k) for k in RECALL_KS)
+    caption_hits = sum(t2i.hit_probability(k) for k in RECALL_KS)
+    caption_hits = caption_hits.reshape(n_img, captions_per_image).mean(axis=1)
+    return 100.0 / max(n_img, 1) * (image_hits + caption_hits)

@@ -37,6 +37,7 @@ races always train both runs.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from collections.abc import Callable
 import jax
 import ml_collections
 import numpy as np
+import scipy.stats
 from jax.experimental import multihost_utils
 
 from ncljax.train import rundir
@@ -54,6 +56,9 @@ RESULTS = "results.json"
 WON = "race_undivided"  # results.json: 1.0 where the undivided run won
 SAME = "race_same_run"  # results.json: 1.0 where the divided run never divided
 METRICS = "metrics.jsonl"
+SHARES = "val_rsum_by_image.npy"  # each validation image's share of the best model's rSum
+P_VALUE = "race_p_value"  # results.json: the paired test's p-value (NaN: not tested)
+ALPHA = 0.05  # train.race_alpha of a run whose config predates it
 
 
 def racing(config) -> bool:
@@ -64,6 +69,14 @@ def racing(config) -> bool:
 def divides(config) -> bool:
     """Whether a run of ``config`` may divide (``False`` under ``train.division='off'``)."""
     return config.train.get("division", "on") != "off"
+
+
+def compares(config) -> bool:
+    """Whether a run of ``config`` writes its best model's validation rSum shares
+    (:data:`SHARES`, :func:`write_shares`) for a paired comparison with another run on the
+    same split: each run of a race, and a run with ``train.division='off'`` (recall
+    evaluation only)."""
+    return config.train.get("division", "on") != "on" and config.eval.kind == "recall"
 
 
 def results_file(config) -> str:
@@ -98,10 +111,18 @@ def race(
     else:
         undivided = train(undivided_config(config), os.path.join(workdir, UNDIVIDED))
     key = f"val_{selection}"
-    won = beats(undivided[key], divided[key])
+    alpha = float(config.train.get("race_alpha", ALPHA))
+    won, p = False, math.nan
+    if not same:
+        won, p = decide(workdir, undivided[key], divided[key], alpha)
+        if jax.process_count() > 1:  # process 0 read the shares: every process follows it
+            won, p = multihost_utils.broadcast_one_to_all((np.asarray(won), np.float64(p)))
+            won, p = bool(won), float(p)
     results = dict(undivided if won else divided)
     results[WON] = float(won)
     results[SAME] = float(same)
+    if not math.isnan(p):  # tested
+        results[P_VALUE] = p
     results[f"race_{key}_divided"] = divided[key]
     results[f"race_{key}_undivided"] = undivided[key]
     if jax.process_index() == 0:
@@ -116,10 +137,12 @@ def race(
             )
         else:
             winner = "undivided" if won else "divided"
+            test = "" if math.isnan(p) else f"; paired test p={p:.3g}, train.race_alpha={alpha:g}"
+            where = f" ({os.path.join(workdir, UNDIVIDED)})." if won else "."
             print(
-                f"division race: the {winner} run's best model validates higher ({selection} "
-                f"{divided[key]:.4g} divided, {undivided[key]:.4g} undivided); its figures "
-                f"are the run's" + (f" ({os.path.join(workdir, UNDIVIDED)})." if won else ".")
+                f"division race: the {winner} run's model is kept ({selection} "
+                f"{divided[key]:.4g} divided, {undivided[key]:.4g} undivided{test}); its "
+                f"figures are the run's{where}"
             )
     return results
 
@@ -145,6 +168,66 @@ def never_divided(workdir: str) -> bool:
     except (OSError, ValueError):
         return False
     return refreshes > 0
+
+
+def write_shares(workdir: str, shares: np.ndarray) -> None:
+    """Writes ``shares`` to ``workdir``'s :data:`SHARES` (process 0; atomically)."""
+    if jax.process_index() != 0:
+        return
+    path = os.path.join(workdir, SHARES)
+    partial = f"{path}.partial.npy"
+    try:
+        np.save(partial, np.asarray(shares, np.float64))
+        os.replace(partial, path)
+    except OSError as e:
+        raise rundir.unwritable(workdir, e) from None
+
+
+def read_shares(workdir: str) -> np.ndarray | None:
+    """``workdir``'s :data:`SHARES`, or ``None`` where it is missing or unreadable."""
+    try:
+        shares = np.load(os.path.join(workdir, SHARES))
+    except (OSError, ValueError):
+        return None
+    return shares if shares.ndim == 1 else None
+
+
+def paired_p_value(shares: np.ndarray, other: np.ndarray) -> float:
+    r"""The one-sided p-value that the model with validation rSum shares ``shares``
+    retrieves better than the one with ``other`` (:func:`ncljax.evaluate.rsum_by_image`,
+    the same split's images in the same order): Student's paired t-test of the images'
+    differences :math:`d_i = s_i - o_i` (``scipy.stats.ttest_rel``, alternative
+    ``'greater'``), whose mean is the rSum difference over :math:`n_{img}`. 1.0 where
+    every difference is 0 (the same retrieval)."""
+    shares, other = np.asarray(shares, np.float64), np.asarray(other, np.float64)
+    if shares.shape != other.shape:
+        raise ValueError(f"shares of {shares.shape} and {other.shape} images are not paired")
+    if not np.any(shares != other):
+        return 1.0
+    p = float(scipy.stats.ttest_rel(shares, other, alternative="greater").pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def decide(
+    workdir: str, undivided_value: float, divided_value: float, alpha: float
+) -> tuple[bool, float]:
+    """``(whether the undivided run wins, the paired test's p-value)``: it wins where its
+    best model validates higher than the divided run's beyond the validation split's
+    noise, :func:`paired_p_value` under ``alpha`` (``train.race_alpha``). Where either
+    run's shares are missing (a run written before they were), the higher validation
+    value wins (:func:`beats`), with a warning, and the p-value is NaN."""
+    divided = read_shares(workdir)
+    undivided = read_shares(os.path.join(workdir, UNDIVIDED))
+    if divided is None or undivided is None or divided.shape != undivided.shape:
+        logging.warning(
+            "division race in %s: a run's validation shares (%s) are missing, so the higher "
+            "validation value wins, without a test of the split's noise.",
+            workdir,
+            SHARES,
+        )
+        return beats(undivided_value, divided_value), math.nan
+    p = paired_p_value(undivided, divided)
+    return p < alpha, p
 
 
 def beats(value: float, other: float) -> bool:

@@ -433,6 +433,25 @@ class Evaluator:
     def __call__(self, state: TrainState, split_name: str) -> dict[str, float]:
         return score([self.encode(state, split_name)], self._config, self._mesh, split_name)
 
+    def rsum_by_image(self, state: TrainState, split_name: str) -> np.ndarray:
+        """``[n_img]`` each image's share of the split's rSum under ``state``'s model
+        (``ncljax.evaluate.rsum_by_image``; they sum to the rSum that ``__call__``
+        reports outside the COCO 5-fold test). Recall evaluation only."""
+        if self._config.eval.kind != "recall":
+            raise ValueError(f"rSum shares need eval.kind='recall', not {self._config.eval.kind!r}")
+        run, cfg = self.encode(state, split_name), self._config
+        ranks = evaluate.retrieval_ranks(
+            run.sim_fn,
+            run.images,
+            run.texts,
+            captions_per_image=run.captions_per_image,
+            image_chunk=cfg.eval.recall.image_chunk,
+            text_chunk=cfg.eval.recall.text_chunk,
+            params=run.params,
+            mesh=self._mesh,
+        )
+        return evaluate.rsum_by_image(*ranks, run.captions_per_image)
+
 
 # Pairs encoded at a time by :meth:`Evaluator.training_pair_similarity` for feature vectors.
 PAIR_BATCH = 4096

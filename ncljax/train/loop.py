@@ -392,12 +392,32 @@ def _test_best(run, state, progress: Progress, evaluator, workdir: str, selectio
         )
     best_state, best_meta = best
     best = Progress.from_json(best_meta)
+    if arms.compares(run.config):  # the race's paired test reads them
+        _write_shares(evaluator, best_state, best, workdir, selection)
     test = evaluator(best_state, "test")
     if run.config.eval.test_last_epoch:  # also the final parameters (MRL/UOT-RCL protocol)
         final = best.best_epoch == run.config.train.epochs - 1
         last = test if final else evaluator(state, "test")
         test.update({f"last_{k}": v for k, v in last.items()})
     return test, best
+
+
+def _write_shares(evaluator, best_state, best: Progress, workdir: str, selection: str):
+    """Writes each validation image's share of the best model's rSum (``arms.SHARES``),
+    warning where they do not sum to the rSum that selected it (a model that does not
+    score the same twice)."""
+    shares = evaluator.rsum_by_image(best_state, "val")
+    total = float(np.sum(shares))
+    if not math.isclose(total, best.best_value, rel_tol=1e-6, abs_tol=1e-6):
+        logging.warning(
+            "The best model (epoch %d) scores validation %s=%.6g now, %.6g when it was "
+            "selected; the division race compares the shares of the score it has now.",
+            best.best_epoch,
+            selection,
+            total,
+            best.best_value,
+        )
+    arms.write_shares(workdir, shares)
 
 
 def _finish(run, state, test: dict, best: Progress, workdir: str, kind) -> dict:
