@@ -474,6 +474,31 @@ def test_rank_metrics_of_plain_ranks_and_counts():
         evaluate.rank_metrics(np.array([0.5]), np.array([0]))
 
 
+def test_rsum_by_image_sums_to_the_rsum_and_pairs_each_image_with_its_captions():
+    # Hand-worked: 2 images, 2 captions each, plain ranks. Image 0 ranks its best caption
+    # 0 (hits at K = 1, 5, 10: 3), image 1 at 7 (hits at 10: 1); captions 0, 1 (image 0)
+    # rank 0 and 5 (3 and 1 hits), captions 2, 3 (image 1) rank 1 and 12 (2 and 0 hits).
+    shares = evaluate.rsum_by_image(np.array([0, 7]), np.array([0, 5, 1, 12]), 2)
+    np.testing.assert_allclose(shares, [100 / 2 * (3 + 2), 100 / 2 * (1 + 1)])
+    metrics = evaluate.rank_metrics(np.array([0, 7]), np.array([0, 5, 1, 12]))
+    assert shares.sum() == pytest.approx(metrics["rsum"], abs=1e-12)
+    # Random counts with ties: the shares sum to rank_metrics' rSum for cpi 1 and 5.
+    rng = np.random.default_rng(0)
+    for cpi in (1, 5):
+        n = 40
+        i2t = evaluate.RankCounts(
+            rng.integers(0, 20, n), rng.integers(0, 4, n), rng.integers(1, cpi + 1, n)
+        )
+        t2i = evaluate.RankCounts(
+            rng.integers(0, 20, n * cpi), rng.integers(0, 4, n * cpi), np.ones(n * cpi, int)
+        )
+        shares = evaluate.rsum_by_image(i2t, t2i, cpi)
+        assert shares.shape == (n,)
+        assert shares.sum() == pytest.approx(evaluate.rank_metrics(i2t, t2i)["rsum"], abs=1e-9)
+    with pytest.raises(ValueError, match="3 caption queries for 2 images"):
+        evaluate.rsum_by_image(np.array([0, 1]), np.array([0, 1, 2]), 2)
+
+
 # ---------------------------------------------------------------------------------- mAP@all
 
 

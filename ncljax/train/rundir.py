@@ -41,6 +41,8 @@ RESUMABLE = (
     # the per-epoch similarity files only (a run that gains them mid-way is audited by its
     # best model, with a note: its first epochs have none)
     "train.pair_trajectory",
+    # read when both runs of a race have finished, to decide between them
+    "train.race_alpha",
     "data.num_threads",
     "data.prefetch",
     "data.length_buckets",

@@ -51,6 +51,72 @@ def test_the_run_that_validates_higher_wins(tmp_path, divided, undivided, won):
     assert arms.model_workdir(str(tmp_path)) == str(tmp_path / "undivided" if won else tmp_path)
 
 
+def test_paired_p_value_is_students_one_sided_test_of_the_differences():
+    # Closed forms of Student's t upper tail: df = 1, p = 1/2 - atan(t) / pi; df = 2,
+    # p = 1/2 - t / (2 sqrt(2 + t^2)); t = mean(d) / (sd(d) / sqrt(n)).
+    base = np.array([10.0, 20.0, 30.0])
+    d = np.array([1.0, 2.0, 3.0])  # mean 2, sd 1: t = 2 sqrt(3)
+    t = 2.0 * np.sqrt(3.0)
+    want = 0.5 - t / (2.0 * np.sqrt(2.0 + t * t))
+    assert arms.paired_p_value(base + d, base) == pytest.approx(want, rel=1e-9)
+    assert arms.paired_p_value(base, base + d) == pytest.approx(1.0 - want, rel=1e-9)
+    d = np.array([0.5, 3.5])  # mean 2, sd 2.1213: t = 2 / (1.5) = 1.3333
+    t = 2.0 / (np.std(d, ddof=1) / np.sqrt(2.0))
+    want = 0.5 - np.arctan(t) / np.pi
+    assert arms.paired_p_value(base[:2] + d, base[:2]) == pytest.approx(want, rel=1e-9)
+    assert arms.paired_p_value(base, base) == 1.0  # the same retrieval: no evidence
+    with pytest.raises(ValueError, match="not paired"):
+        arms.paired_p_value(base, base[:2])
+
+
+def _shares_trainer(divided, undivided, trained):
+    """A stub ``train`` whose runs write validation shares and return their sums."""
+
+    def train(c, workdir):
+        trained.append(c.train.division)
+        shares = np.asarray(undivided if c.train.division == "off" else divided, float)
+        os.makedirs(workdir, exist_ok=True)
+        arms.write_shares(workdir, shares)
+        return {"rsum": float(shares.sum()) + 1.0, "val_rsum": float(shares.sum())}
+
+    return train
+
+
+# 100 images, the undivided run 2 rSum higher: on 10 images (p = 0.0006), or by 12 on 20
+# images and -10 on 20 others (p = 0.29, a coin on a split this small).
+FEW = np.r_[np.full(10, 0.2), np.zeros(90)]
+MIXED = np.r_[np.full(20, 0.6), np.full(20, -0.5), np.zeros(60)]
+
+
+@pytest.mark.parametrize(
+    "gain, alpha, won",
+    [
+        (FEW, 0.05, True),
+        (MIXED, 0.05, False),
+        (MIXED, 0.2, False),
+        (MIXED, 0.5, True),  # at 0.5 the higher rSum wins
+        (-FEW, 0.5, False),
+        (np.zeros(100), 0.5, False),  # a tie keeps the division
+    ],
+)
+def test_the_undivided_run_wins_only_beyond_the_splits_noise(tmp_path, gain, alpha, won):
+    config = load_config("gsc", "vectors")
+    config.train.race_alpha = alpha
+    divided = np.random.default_rng(0).uniform(0, 6, 100)
+    trained = []
+    train = _shares_trainer(divided, divided + gain, trained)
+    results = arms.race(config, str(tmp_path), train, "rsum")
+    assert trained == ["race", "off"]
+    assert results["race_undivided"] == float(won)
+    d = gain  # the hand t statistic and its p-value (normal tail bound checked loosely)
+    t = d.mean() / (d.std(ddof=1) / 10.0) if d.any() else 0.0
+    p = results["race_p_value"]
+    assert p == pytest.approx(arms.paired_p_value(divided + gain, divided))
+    assert (p < 0.5) == (t > 0) and (p < alpha) == won
+    assert results["rsum"] == pytest.approx((divided + gain if won else divided).sum() + 1.0)
+    assert _read(tmp_path / "results.json") == results
+
+
 def _write_metrics(workdir, rows, tail=""):
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
@@ -113,6 +179,27 @@ def test_model_workdir_of_a_run_that_did_not_race_or_has_not_finished(tmp_path):
     assert arms.model_workdir(str(tmp_path)) == str(tmp_path)
 
 
+def test_the_undivided_run_of_a_race_at_another_level_is_a_valid_config(tmp_path):
+    config = load_config("gsc", "vectors")
+    config.train.race_alpha = 0.2
+    other = arms.undivided_config(config)
+    assert other.train.division == "off" and other.train.race_alpha == 0.05
+    assert fields.value_problems(other) == []
+
+
+def test_race_alpha_is_a_level_read_by_a_race_alone():
+    config = load_config("gsc", "vectors")
+    config.train.race_alpha = 0.5
+    assert fields.value_problems(config) == []
+    config.train.race_alpha = 0.0
+    (problem,) = fields.value_problems(config)
+    assert "train.race_alpha=0.0 must be in (0, 0.5]" in problem
+    config = load_config("gsc", "synthetic")  # division 'on': the level is not read
+    config.train.race_alpha = 0.1
+    (problem,) = fields.value_problems(config)
+    assert "only read with train.division='race', not 'on'" in problem
+
+
 @pytest.mark.parametrize(
     "method, arg, division, expected",
     [
@@ -157,9 +244,16 @@ def test_a_race_trains_both_runs_and_keeps_the_winners_figures(raced):
     undivided = _read(os.path.join(undivided_dir, "results.json"))
     assert _read(os.path.join(undivided_dir, "config.json"))["train"]["division"] == "off"
     assert _read(os.path.join(workdir, "config.json"))["train"]["division"] == "race"
-    won = undivided["val_rsum"] > divided["val_rsum"]
+    # each run wrote its best model's validation shares, which sum to its validation rSum
+    shares = arms.read_shares(workdir), arms.read_shares(undivided_dir)
+    assert shares[0].shape == shares[1].shape == (40,)
+    assert shares[0].sum() == pytest.approx(divided["val_rsum"], abs=1e-6)
+    assert shares[1].sum() == pytest.approx(undivided["val_rsum"], abs=1e-6)
+    p = arms.paired_p_value(shares[1], shares[0])
+    won = p < config.train.race_alpha
     assert results == _read(os.path.join(workdir, "results.json"))
     assert results["race_undivided"] == float(won)
+    assert results["race_p_value"] == p
     winner = undivided if won else divided
     assert {k: v for k, v in results.items() if not k.startswith("race_")} == winner
     # the undivided run divided nothing: every refresh switched the division off, the
