@@ -85,7 +85,7 @@ def main() -> None:
         row = f"| {world} | {rate:g} | {method} | {ref:.1f} |"
         for a in alphas:
             won = [r["p"] < a for r in cell]
-            test = [r["test_undivided"] if w else r["test_divided"] for r, w in zip(cell, won, strict=True)]
+            test = [r["test_undivided" if r["p"] < a else "test_divided"] for r in cell]
             mean = float(np.mean(test))
             row += f" {mean:.1f} ({mean - ref:+.1f}) [{sum(won)}/{len(cell)}] |"
         print(row)
