@@ -50,9 +50,10 @@ def races(out: str) -> tuple[list[dict], dict]:
         divided = _read(os.path.join(workdir, arms.DIVIDED_RESULTS))
         race = {"method": method, "world": world, "rate": key[1], "seed": key[2]}
         race |= {"val_divided": divided["val_rsum"], "test_divided": divided["rsum"]}
-        if results[arms.SAME] == 1.0:  # one run: no test
+        race["same"] = results[arms.SAME] == 1.0
+        if race["same"]:  # one run: no test
             race |= {"val_undivided": divided["val_rsum"], "test_undivided": divided["rsum"]}
-            race["p"] = 1.0
+            race["p"] = race["p_divided"] = 1.0
         else:
             undivided_dir = os.path.join(workdir, arms.UNDIVIDED)
             undivided = _read(os.path.join(undivided_dir, "results.json"))
@@ -61,6 +62,7 @@ def races(out: str) -> tuple[list[dict], dict]:
                 raise SystemExit(f"{workdir}: a run without {arms.SHARES} (trained before it)")
             race |= {"val_undivided": undivided["val_rsum"], "test_undivided": undivided["rsum"]}
             race["p"] = arms.paired_p_value(shares[1], shares[0])
+            race["p_divided"] = arms.paired_p_value(shares[0], shares[1])
         found.append(race)
     return found, base
 
@@ -76,19 +78,31 @@ def main() -> None:
     for race in found:
         print(json.dumps(race))
         cells[(race["world"], race["rate"], race["method"])].append(race)
-    head = "| world | rate | method | InfoNCE | " + " | ".join(f"alpha {a:g}" for a in alphas)
-    print(head + " |\n|" + "---|" * (4 + len(alphas)))
-    for (world, rate, method), cell in sorted(cells.items()):
-        keys = [(world, rate, r["seed"]) for r in cell]
-        infonce = [base[k] for k in keys if k in base]
-        ref = float(np.mean(infonce)) if len(infonce) == len(keys) else math.nan
-        row = f"| {world} | {rate:g} | {method} | {ref:.1f} |"
-        for a in alphas:
-            won = [r["p"] < a for r in cell]
-            test = [r["test_undivided" if r["p"] < a else "test_divided"] for r in cell]
-            mean = float(np.mean(test))
-            row += f" {mean:.1f} ({mean - ref:+.1f}) [{sum(won)}/{len(cell)}] |"
-        print(row)
+    rules = {
+        "the division kept unless the undivided run validates higher at level alpha": (
+            lambda r, a: r["p"] < a
+        ),
+        "the undivided run kept unless the divided run validates higher at level alpha": (
+            lambda r, a: not r["p_divided"] < a
+        ),
+    }
+    for name, undivided_wins in rules.items():
+        head = "| world | rate | method | InfoNCE | " + " | ".join(f"alpha {a:g}" for a in alphas)
+        print(f"\n{name}:\n\n{head} |\n|" + "---|" * (4 + len(alphas)))
+        for (world, rate, method), cell in sorted(cells.items()):
+            keys = [(world, rate, r["seed"]) for r in cell]
+            infonce = [base[k] for k in keys if k in base]
+            ref = float(np.mean(infonce)) if len(infonce) == len(keys) else math.nan
+            row = f"| {world} | {rate:g} | {method} | {ref:.1f} |"
+            for a in alphas:
+                won = [undivided_wins(r, a) and not r["same"] for r in cell]
+                test = [
+                    r["test_" + ("undivided" if w else "divided")]
+                    for r, w in zip(cell, won, strict=True)
+                ]
+                mean = float(np.mean(test))
+                row += f" {mean:.1f} ({mean - ref:+.1f}) [{sum(won)}/{len(cell)}] |"
+            print(row)
 
 
 if __name__ == "__main__":

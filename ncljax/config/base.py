@@ -89,9 +89,10 @@ def base_config() -> ml_collections.ConfigDict:
     # whose division has a switch (noise_share='partner'); 'race' is on in the :vectors
     # settings of the methods that divide.
     c.train.division = "on"
-    # The race's paired test (ncljax.train.arms.decide): the undivided run wins where its
-    # best model validates higher with a one-sided p-value under this level, over the
-    # validation images' shares of the rSum (0.5: the higher rSum wins). Read with 'race'.
+    # The race's paired test (ncljax.train.arms.decide): the division is kept where its
+    # best model validates higher than the undivided run's at a one-sided p-value under
+    # this level, over the validation images' shares of the rSum; else the undivided run
+    # is the run's (0.5: the higher rSum wins). Read with 'race'.
     c.train.race_alpha = 0.05
 
     c.eval = ml_collections.ConfigDict()
