@@ -7,12 +7,19 @@ r"""What the division race keeps at each level of its paired test, from a report
 Every race of the report's sweep (``train.division='race'``, the ``:vectors`` settings)
 trained both runs, or one where the division never switched on, and each run wrote its
 best model's validation rSum shares (``ncljax.train.arms.SHARES``). The race's decision at
-another ``train.race_alpha`` needs no training: the undivided run wins where
-``arms.paired_p_value`` of its shares against the divided run's is under the level
-(0.5: the higher validation rSum, the rule before the test). For each world, rate and
-method this prints the mean test rSum over seeds of the run each level keeps, its
-difference to InfoNCE's, and how many seeds the undivided run won; one JSON line per race
-first (both runs' validation and test rSum, the p-value).
+another ``train.race_alpha`` needs no training, and neither does the decision by the test
+the other way round. For each world, rate and method this prints, under each of two rules
+and each level, the mean test rSum over seeds of the run the rule keeps, its difference to
+InfoNCE's, and how many seeds the undivided run won:
+
+* the shipped rule (``arms.decide``): the undivided run is kept unless the divided run
+  validates higher, ``arms.paired_p_value`` of its shares against the undivided run's
+  under the level;
+* the other way round: the division is kept unless the undivided run validates higher at
+  that level.
+
+At 0.5 both are the higher validation rSum. One JSON line per race comes first (both
+runs' validation and test rSum, and both p-values).
 """
 
 import argparse
@@ -79,11 +86,11 @@ def main() -> None:
         print(json.dumps(race))
         cells[(race["world"], race["rate"], race["method"])].append(race)
     rules = {
+        "the undivided run kept unless the divided run validates higher at level alpha (shipped)": (
+            lambda r, a: not r["p_divided"] < a
+        ),
         "the division kept unless the undivided run validates higher at level alpha": (
             lambda r, a: r["p"] < a
-        ),
-        "the undivided run kept unless the divided run validates higher at level alpha": (
-            lambda r, a: not r["p_divided"] < a
         ),
     }
     for name, undivided_wins in rules.items():
