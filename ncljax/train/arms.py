@@ -20,15 +20,16 @@ rSum by image (:data:`SHARES`: an image's query and its captions' queries,
 division is kept where Student's one-sided paired t-test of the differences reads a
 p-value under ``train.race_alpha`` (0.05) that the divided run validates higher; else the
 undivided run is the run's (0.5: the higher rSum wins). The division is what must earn its
-place: where pairs lie it wins by far more than the split's noise (on the real worlds at
-40% and 60% mismatched by 31-166 validation rSum, p below 1e-4), and where they do not
-the two runs are a coin on a split of a few hundred pairs, or the division costs. Measured
-(three seeds; ``benchmarks/race_alpha.py``, ``benchmarks/RESULTS.md``): on the 400-pair
-``vec_few_regions`` at 0%, whose divisions cost 10-26 test rSum, the undivided runs
-validated 7-31 higher on its 100-pair split at p 0.01-0.37 (a test the other way round
-kept divisions there and lost 7-17); on the clean cancer halves UGNCL's undivided run
-validated 3 and 2 higher (p 0.25, 0.21) and tested 8 lower and 2 higher, which the higher
-rSum alone followed to InfoNCE - 6.0, and the test to -4.7.
+place: where pairs lie it wins by far more than the split's noise (on the 100-pair
+validation split of the cancer halves at 40% and 60% mismatched by 35-114 rSum, p below
+0.001), and where they do not the two runs are a coin on a split of a few hundred pairs,
+or the division costs. Measured (three seeds; ``benchmarks/race_alpha.py``,
+``benchmarks/RESULTS.md``): on the 400-pair ``vec_few_regions`` at 0%, whose divisions
+cost 10-26 test rSum, the undivided runs validated higher on 13 of 15 seeds, by up to 31
+on its 100-pair split but at p 0.01-0.37 (a test the other way round kept divisions there
+and lost 7-17); on the clean cancer halves UGNCL's undivided run validated 3 and 2 higher
+(p 0.25, 0.21) and tested 8 lower and 2 higher, which the higher rSum alone followed to
+InfoNCE - 6.0, and this rule to -4.7.
 
 Layout. The divided run trains in the workdir, as any run, and writes its test figures to
 ``divided_results.json``; the undivided run trains in ``<workdir>/undivided/`` (its own
