@@ -63,7 +63,6 @@ from collections.abc import Callable
 import jax
 import ml_collections
 import numpy as np
-import scipy.stats
 from jax.experimental import multihost_utils
 
 from ncljax.config import base as config_base
@@ -227,6 +226,8 @@ def paired_p_value(shares: np.ndarray, other: np.ndarray) -> float:
         raise ValueError(f"shares of {shares.shape} and {other.shape} images are not paired")
     if not np.any(shares != other):
         return 1.0
+    import scipy.stats  # here, not at load: half a second that only a race decision pays
+
     p = float(scipy.stats.ttest_rel(shares, other, alternative="greater").pvalue)
     return 1.0 if math.isnan(p) else p
 
