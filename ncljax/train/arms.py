@@ -76,7 +76,6 @@ SAME = "race_same_run"  # results.json: 1.0 where the divided run never divided
 METRICS = "metrics.jsonl"
 SHARES = "val_rsum_by_image.npy"  # each validation image's share of the best model's rSum
 P_VALUE = "race_p_value"  # results.json: p-value that the divided run validates higher
-ALPHA = 0.05  # train.race_alpha of a run whose config predates it
 
 
 def racing(config) -> bool:
@@ -131,13 +130,14 @@ def race(
     else:
         undivided = train(undivided_config(config), os.path.join(workdir, UNDIVIDED))
     key = f"val_{selection}"
-    alpha = float(config.train.get("race_alpha", ALPHA))
+    alpha = float(config.train.get("race_alpha", config_base.base_config().train.race_alpha))
     won, p = False, math.nan
     if not same and not compares(config):  # mAP: no shares; the higher value wins
         won = beats(undivided[key], divided[key])
     elif not same:
-        won, p = decide(workdir, undivided[key], divided[key], alpha)
-        if jax.process_count() > 1:  # process 0 read the shares: every process follows it
+        if jax.process_index() == 0:  # which wrote the shares
+            won, p = decide(workdir, undivided[key], divided[key], alpha)
+        if jax.process_count() > 1:  # every process follows process 0
             won, p = multihost_utils.broadcast_one_to_all((np.asarray(won), np.float64(p)))
             won, p = bool(won), float(p)
     results = dict(undivided if won else divided)
@@ -196,11 +196,8 @@ def write_shares(workdir: str, shares: np.ndarray) -> None:
     """Writes ``shares`` to ``workdir``'s :data:`SHARES` (process 0; atomically)."""
     if jax.process_index() != 0:
         return
-    path = os.path.join(workdir, SHARES)
-    partial = f"{path}.partial.npy"
     try:
-        np.save(partial, np.asarray(shares, np.float64))
-        os.replace(partial, path)
+        rundir.atomic_save_npy(os.path.join(workdir, SHARES), np.asarray(shares, np.float64))
     except OSError as e:
         raise rundir.unwritable(workdir, e) from None
 

@@ -439,17 +439,9 @@ class Evaluator:
         reports outside the COCO 5-fold test). Recall evaluation only."""
         if self._config.eval.kind != "recall":
             raise ValueError(f"rSum shares need eval.kind='recall', not {self._config.eval.kind!r}")
-        run, cfg = self.encode(state, split_name), self._config
-        ranks = evaluate.retrieval_ranks(
-            run.sim_fn,
-            run.images,
-            run.texts,
-            captions_per_image=run.captions_per_image,
-            image_chunk=cfg.eval.recall.image_chunk,
-            text_chunk=cfg.eval.recall.text_chunk,
-            params=run.params,
-            mesh=self._mesh,
-        )
+        run = self.encode(state, split_name)
+        sim_fn, images, texts, kwargs = _recall_arguments([run], self._config, self._mesh)
+        ranks = evaluate.retrieval_ranks(sim_fn, images, texts, **kwargs)
         return evaluate.rsum_by_image(*ranks, run.captions_per_image)
 
 
@@ -498,8 +490,9 @@ def _score_map(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[s
     )
 
 
-def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
-    """Recall@K/rSum of the pooled runs' similarities (COCO: 5-fold 1K on test)."""
+def _recall_arguments(runs: Sequence[Encoded], config, mesh):
+    """``(sim_fn, images, texts, keyword arguments)`` of the recall sweeps
+    (``evaluate.retrieval_ranks`` and the others) over the pooled runs' similarities."""
     if len(runs) == 1:  # the run's own sim_fn object: its compilation is reused every epoch
         sim_fn, images, texts, params = (
             runs[0].sim_fn,
@@ -520,6 +513,12 @@ def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dic
         params=params,
         mesh=mesh,
     )
+    return sim_fn, images, texts, kwargs
+
+
+def _score_recall(runs: Sequence[Encoded], config, mesh, split_name: str) -> dict[str, float]:
+    """Recall@K/rSum of the pooled runs' similarities (COCO: 5-fold 1K on test)."""
+    sim_fn, images, texts, kwargs = _recall_arguments(runs, config, mesh)
     if config.eval.recall.coco_5fold and split_name == "test":
         folds = evaluate.coco_5fold_metrics(sim_fn, images, texts, **kwargs)
         full = evaluate.retrieval_metrics(sim_fn, images, texts, **kwargs)

@@ -12,6 +12,7 @@ import os
 import socket
 
 import jax
+import numpy as np
 from flax import traverse_util
 
 from ncljax.config import renames
@@ -137,6 +138,14 @@ def atomic_write_json(path: str, value) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def atomic_save_npy(path: str, array) -> None:
+    """Saves ``array`` to ``path`` (a ``.npy``) through a temporary file and a rename, so a
+    crash leaves the previous file or none, never a partial one."""
+    partial = f"{path}.partial.npy"
+    np.save(partial, array)
+    os.replace(partial, path)
 
 
 LOCK_NAME = "lock"

@@ -26,6 +26,8 @@ import os
 import jax
 import numpy as np
 
+from ncljax.train import rundir
+
 DIRECTORY = "trajectory"
 
 
@@ -41,9 +43,7 @@ def record(workdir: str, epoch: int, similarity: np.ndarray) -> None:
         return
     path = epoch_path(workdir, epoch)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.partial.npy"
-    np.save(partial, np.asarray(similarity, np.float32))
-    os.replace(partial, path)
+    rundir.atomic_save_npy(path, np.asarray(similarity, np.float32))
 
 
 def mean_until(workdir: str, epoch: int, num_pairs: int) -> tuple[np.ndarray | None, str | None]:
